@@ -1,0 +1,144 @@
+"""Engine.complete(request, cancel): prompt -> speculative decoding -> stop rules -> result."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
+from engine.model import CachedLM, LoadedModel, load_model
+from engine.prompt import TEMPLATES, PromptBudget, PromptBuilder, detect_template
+from engine.speculative import AdaptiveGamma, FixedGamma, generate
+from engine.types import CompletionRequest, CompletionResult, CompletionStats, SpecConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    spec: SpecConfig = field(default_factory=SpecConfig)
+    budget: PromptBudget = field(default_factory=PromptBudget)
+    template: str = "auto"  # a family name from engine.prompt.TEMPLATES, or auto-detect
+    remember_completions: int = 16  # previous completions the n-gram drafter may copy from
+
+
+class _StopRules:
+    """Stop strings, line limits and the time budget, checked on the text generated so far."""
+
+    def __init__(self, tokenizer, stop: tuple[str, ...], max_lines: int, time_budget_s: float):
+        self.tokenizer, self.stop, self.max_lines, self.budget = tokenizer, stop, max_lines, time_budget_s
+        self.started = time.perf_counter()
+        self.seen = 0
+        self.newlines = 0
+
+    def __call__(self, tokens: list[int]) -> str | None:
+        new = self.tokenizer.decode(tokens[self.seen :])  # '\n' is one byte: never split across tokens
+        self.newlines += new.count("\n")
+        self.seen = len(tokens)
+        if self.max_lines and self.newlines >= self.max_lines:
+            return "max_lines"
+        if self.stop:
+            tail = self.tokenizer.decode(tokens[-48:])
+            if any(s in tail for s in self.stop):
+                return "stop"
+        if self.budget and self.newlines and time.perf_counter() - self.started > self.budget:
+            return "time"  # only once a whole first line exists (llama.cpp's t_max_predict_ms rule)
+        return None
+
+    def cut(self, text: str) -> str:
+        for s in self.stop:
+            i = text.find(s)
+            if i >= 0:
+                text = text[:i]
+        if self.max_lines:
+            text = "\n".join(text.split("\n")[: self.max_lines]) if text.count("\n") >= self.max_lines else text
+        return text
+
+
+class Engine:
+    """Owns the target, the draft, their caches and the drafters; one caller thread at a time."""
+
+    def __init__(self, target: LoadedModel, draft: LoadedModel | None = None, config: EngineConfig = EngineConfig()):
+        self.target = target
+        self.draft = draft
+        self.config = config
+        tok = target.tokenizer
+        template = TEMPLATES[config.template] if config.template != "auto" else detect_template(tok, target.name)
+        self.prompts = PromptBuilder(template, tok, config.budget)
+        self.eos = self.prompts.stop_ids()
+        shared = min(target.vocab_size, draft.vocab_size) if draft else None
+        self.target_lm = CachedLM(target.model, target.device, vocab_limit=shared)
+        self.draft_lm = CachedLM(draft.model, draft.device, vocab_limit=shared) if draft else None
+        self.ngram = NgramDrafter()
+        self.model_drafter = ModelDrafter(self.draft_lm) if self.draft_lm else None
+        self.hybrid = HybridDrafter(self.ngram, self.model_drafter, config.spec.min_ngram) if self.model_drafter else None
+        self.history: deque[list[int]] = deque(maxlen=config.remember_completions)
+        self.generator = torch.Generator().manual_seed(config.spec.seed)
+
+    @property
+    def template(self):
+        return self.prompts.template
+
+    def drafter_for(self, spec: SpecConfig) -> Drafter | None:
+        if spec.drafter == "ngram":
+            return self.ngram
+        if spec.drafter in ("draft", "hybrid") and self.model_drafter is None:
+            return self.ngram  # no draft model loaded: the free drafter still helps
+        if spec.drafter == "draft":
+            return self.model_drafter
+        if spec.drafter == "hybrid":
+            return self.hybrid
+        return None
+
+    def complete(self, request: CompletionRequest, cancel: threading.Event, spec: SpecConfig | None = None) -> CompletionResult:
+        spec = spec or self.config.spec
+        started = time.perf_counter()
+        stats = CompletionStats()
+        if cancel.is_set():
+            return CompletionResult("", cancelled=True, stop_reason="cancelled", stats=stats)
+        prompt = self.prompts.build(request)
+        limits = request.limits
+        max_lines = 1 if request.mode == "single-line" else limits.max_lines
+        rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s)
+        drafter = self.drafter_for(spec)
+        self.ngram.set_extra(list(self.history))
+        if self.model_drafter:
+            self.model_drafter.temperature = spec.temperature
+        gamma = AdaptiveGamma(spec.gamma, spec.window) if spec.adaptive else FixedGamma(spec.gamma)
+        draft_before = self.draft_lm.forwards if self.draft_lm else 0
+        tokens, reason = generate(
+            self.target_lm, prompt.tokens, drafter, max_new_tokens=limits.max_tokens, cancel=cancel,
+            gamma=gamma, eos=self.eos, stop_check=rules, temperature=spec.temperature,
+            generator=self.generator, stats=stats,
+        )
+        stats.draft_forwards = (self.draft_lm.forwards if self.draft_lm else 0) - draft_before
+        stats.generated_tokens = len(tokens)
+        if tokens and reason != "cancelled":
+            self.history.append(tokens)
+        text = rules.cut(self.target.tokenizer.decode(tokens))
+        stats.total_s = time.perf_counter() - started
+        cancelled = reason == "cancelled"
+        return CompletionResult(text, cancelled=cancelled, stop_reason=reason, tokens=tuple(tokens), stats=stats)
+
+
+def load_engine(target: str, draft: str | None = None, *, device: str | None = None, dtype: str = "auto",
+                trust_remote_code: bool = False, config: EngineConfig = EngineConfig()) -> Engine:
+    """Load a target (and optional draft sharing its tokenizer) and build an Engine."""
+    tgt = load_model(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
+    drf = load_model(draft, device=device, dtype=dtype, trust_remote_code=trust_remote_code) if draft else None
+    if drf is not None:
+        check_shared_tokenizer(tgt, drf)
+    return Engine(tgt, drf, config)
+
+
+def check_shared_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:
+    """Draft and target must map text to the same ids (embedding rows may differ)."""
+    probe = "def main(argv):\n    return {'a': [1, 2.5]}  # ünïcode\n"
+    a, b = target.tokenizer.encode(probe), draft.tokenizer.encode(probe)
+    if a != b:
+        raise ValueError(f"draft {draft.name} does not share the target's tokenizer ({target.name})")

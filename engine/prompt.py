@@ -1,0 +1,216 @@
+"""FIM templates per model family and token-budgeted, stable-to-volatile prompt assembly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+from engine.types import CompletionRequest, Snippet
+
+
+@dataclass(frozen=True)
+class FimTemplate:
+    """A family's exact fill-in-the-middle tokens and repository-level format."""
+
+    family: str
+    prefix: str = ""
+    suffix: str = ""
+    middle: str = ""
+    order: Literal["psm", "spm", "none"] = "psm"  # none = left-to-right, no suffix
+    repo_name: str | None = None  # token opening the repository header
+    file_sep: str | None = None  # token opening each file (chunks, then the current file)
+    path_in_prefix: bool = False  # StarCoder2 puts the current path right after <fim_prefix>
+    comment_header: str = "# {path}\n"  # how a snippet is labelled without file tokens
+    bos: bool = False  # start with the tokenizer's BOS token
+    stop: tuple[str, ...] = ()  # special tokens that end the middle
+    split_on: tuple[str, ...] = ()  # text after these is not part of the completion
+
+
+QWEN25_CODER = FimTemplate(
+    "qwen2.5-coder", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
+    repo_name="<|repo_name|>", file_sep="<|file_sep|>",
+    stop=("<|endoftext|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
+          "<|repo_name|>", "<|file_sep|>", "<|im_end|>"),
+)
+STARCODER2 = FimTemplate(
+    "starcoder2", "<fim_prefix>", "<fim_suffix>", "<fim_middle>",
+    repo_name="<repo_name>", file_sep="<file_sep>", path_in_prefix=True,
+    stop=("<|endoftext|>", "<file_sep>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>", "<fim_pad>"),
+)
+DEEPSEEK_CODER = FimTemplate(  # full-width bars (U+FF5C) and U+2581, exactly as the tokenizer has them
+    "deepseek-coder", "<\uff5cfim\u2581begin\uff5c>", "<\uff5cfim\u2581hole\uff5c>", "<\uff5cfim\u2581end\uff5c>",
+    bos=True, stop=("<\uff5cend\u2581of\u2581sentence\uff5c>", "<|EOT|>"),
+)
+CODELLAMA = FimTemplate(  # infilling exists for 7B/13B only; 34B/70B have the tokens but were not trained
+    "codellama", "\u2581<PRE>", "\u2581<SUF>", "\u2581<MID>", bos=True, stop=("\u2581<EOT>", "</s>"),
+)
+DRAFTLINE = FimTemplate(  # the bundled pair: trained for SPM, so typing only appends to the prompt
+    "draftline", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", order="spm",
+    file_sep="<|file_sep|>", stop=("<|endoftext|>", "<|file_sep|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
+)
+PLAIN = FimTemplate("plain", order="none")
+
+TEMPLATES = {t.family: t for t in (QWEN25_CODER, STARCODER2, DEEPSEEK_CODER, CODELLAMA, DRAFTLINE, PLAIN)}
+
+
+def detect_template(tokenizer: Any, hint: str = "") -> FimTemplate:
+    """Pick the family from the tokenizer's special tokens (a family name in `hint` wins)."""
+    for name, template in TEMPLATES.items():
+        if name in hint.lower() and name != "plain":
+            return template
+    vocab = tokenizer.get_vocab()
+    if "<|draftline|>" in vocab:
+        return DRAFTLINE
+    for template in (QWEN25_CODER, STARCODER2, DEEPSEEK_CODER, CODELLAMA):
+        if template.prefix in vocab and template.middle in vocab:
+            return template
+    return PLAIN
+
+
+@dataclass(frozen=True)
+class PromptBudget:
+    """Token budget of one prompt (the generation budget comes on top)."""
+
+    total: int = 4096
+    suffix_share: float = 0.15
+    snippet_share: float = 0.35
+    margin_share: float = 0.25  # when the window must move, leave this much room to grow into
+
+
+@dataclass(frozen=True)
+class Special:
+    token: str
+
+
+Segment = str | Special
+
+
+@dataclass
+class Prompt:
+    segments: list[Segment]
+    tokens: list[int] = field(default_factory=list)
+    snippets_used: int = 0
+    prefix_chars: int = 0  # characters of the request's prefix that made it into the window
+
+    def render(self) -> str:
+        return "".join(s.token if isinstance(s, Special) else s for s in self.segments)
+
+
+def assemble(template: FimTemplate, request: CompletionRequest, snippets: Sequence[Snippet],
+             prefix: str, suffix: str, bos: str = "", repo: str = "") -> list[Segment]:
+    """The segments in the family's format, ordered stable -> volatile."""
+    t = template
+    seg: list[Segment] = [Special(bos)] if t.bos and bos else []
+    if t.repo_name and repo:
+        seg += [Special(t.repo_name), repo + ("\n" if t.family != "starcoder2" else "")]
+    for s in snippets:
+        if t.file_sep:
+            body = s.text if s.text.endswith("\n") or t.family == "starcoder2" else s.text + "\n"
+            seg += [Special(t.file_sep), f"{s.path}\n{body}"]
+        else:
+            seg.append(t.comment_header.format(path=s.path) + s.text.rstrip("\n") + "\n\n")
+    path = request.path
+    if t.file_sep and path and not t.path_in_prefix:
+        seg += [Special(t.file_sep), f"{path}\n"]
+    elif t.file_sep and t.path_in_prefix and snippets:
+        seg.append(Special(t.file_sep))
+    elif not t.file_sep and path and (snippets or t.order == "none"):
+        seg.append(t.comment_header.format(path=path))
+    if t.order == "none":
+        return seg + [prefix]
+    head = f"{path}\n{prefix}" if t.path_in_prefix and path else prefix
+    if t.order == "spm":
+        return seg + [Special(t.suffix), suffix, Special(t.prefix), head, Special(t.middle)]
+    return seg + [Special(t.prefix), head, Special(t.suffix), suffix, Special(t.middle)]
+
+
+class PromptBuilder:
+    """Builds token prompts whose local window is line-anchored and moves only with hysteresis.
+
+    Keeping the window's first line fixed while the user types means consecutive prompts share
+    their longest prefix (SPM: everything but the tail), so the KV cache is reused.
+    """
+
+    def __init__(self, template: FimTemplate, tokenizer: Any, budget: PromptBudget = PromptBudget(), repo: str = ""):
+        self.template = template
+        self.tokenizer = tokenizer
+        self.budget = budget
+        self.repo = repo
+        self._anchor: dict[str, int] = {}  # uri -> absolute char offset of the window's first line
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+
+    def special_id(self, token: str) -> int:
+        return int(self.tokenizer.convert_tokens_to_ids(token))
+
+    def stop_ids(self) -> frozenset[int]:
+        vocab = self.tokenizer.get_vocab()
+        ids = {vocab[s] for s in self.template.stop if s in vocab}
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(int(self.tokenizer.eos_token_id))
+        return frozenset(ids)
+
+    def build(self, request: CompletionRequest, prefix_offset: int = 0) -> Prompt:
+        """`prefix_offset`: where request.prefix starts in the document (for anchoring)."""
+        b = self.budget
+        suffix = "" if self.template.order == "none" else self._fit_lines(request.suffix, int(b.total * b.suffix_share), head=True)
+        snippet_budget = int(b.total * b.snippet_share)
+        chosen: list[Snippet] = []
+        used = 0
+        for s in request.snippets:
+            cost = len(self.encode(s.text)) + len(self.encode(s.path)) + 3
+            if used + cost > snippet_budget:
+                continue
+            chosen.append(s)
+            used += cost
+        prefix_budget = b.total - used - len(self.encode(suffix)) - 16
+        start = self._anchor_window(request, prefix_offset, max(prefix_budget, 32))
+        prefix = request.prefix[start:]
+        bos = self.tokenizer.bos_token or ""
+        segments = assemble(self.template, request, chosen, prefix, suffix, bos=bos, repo=self.repo)
+        tokens = tokens_for(segments, self.encode, self.special_id)
+        return Prompt(segments, tokens, len(chosen), len(prefix))
+
+    def _anchor_window(self, request: CompletionRequest, offset: int, budget: int) -> int:
+        """Start (in request.prefix) of the local window: a line start whose tail fits the budget."""
+        text = request.prefix
+        key = request.uri or request.path
+        prev = self._anchor.get(key)
+        if prev is not None:
+            rel = prev - offset
+            if 0 <= rel <= len(text) and (rel == 0 or text[rel - 1] == "\n") and len(self.encode(text[rel:])) <= budget:
+                return rel
+        goal = int(budget * (1 - self.budget.margin_share))
+        start = self._fit_lines(text, goal, head=False, return_start=True)
+        self._anchor[key] = offset + start
+        return start
+
+    def _fit_lines(self, text: str, budget: int, head: bool, return_start: bool = False):
+        """The longest run of whole lines at the head (or tail) of `text` within `budget` tokens."""
+        if not text:
+            return 0 if return_start else ""
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        offsets = enc["offset_mapping"]
+        if len(offsets) <= budget:
+            return 0 if return_start else text
+        if head:
+            cut = offsets[budget][0]  # first character beyond the budget
+            nl = text.rfind("\n", 0, cut)
+            return text[: nl + 1] if nl >= 0 else text[:cut]
+        first = offsets[len(offsets) - budget][0]  # first character inside the budget
+        nl = text.find("\n", first)
+        start = nl + 1 if 0 <= nl < len(text) - 1 else first
+        return start if return_start else text[start:]
+
+
+def render_golden(template: FimTemplate, request: CompletionRequest, repo: str = "", bos: str = "<s>") -> str:
+    """The prompt as a string (no budgeting): what golden tests compare."""
+    return Prompt(assemble(template, request, request.snippets, request.prefix, request.suffix, bos=bos, repo=repo)).render()
+
+
+def tokens_for(segments: Sequence[Segment], encode: Callable[[str], list[int]], special: Callable[[str], int]) -> list[int]:
+    out: list[int] = []
+    for seg in segments:
+        out += [special(seg.token)] if isinstance(seg, Special) else encode(seg)
+    return out

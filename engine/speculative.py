@@ -1,0 +1,172 @@
+"""The speculative loop: propose -> verify in one target forward -> accept -> adapt gamma."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from engine.drafters import Drafter
+from engine.model import CachedLM
+from engine.types import CompletionStats
+
+
+class GammaPolicy(Protocol):
+    def gamma(self) -> int: ...
+
+    def update(self, accepted: int, proposed: int) -> None: ...
+
+
+class FixedGamma:
+    def __init__(self, gamma: int = 5):
+        self._gamma = gamma
+
+    def gamma(self) -> int:
+        return self._gamma
+
+    def update(self, accepted: int, proposed: int) -> None:
+        pass
+
+
+class AdaptiveGamma:
+    """The seed's rule: start at `initial`, then min(8, max(2, round(acceptance * 10))) over a window."""
+
+    def __init__(self, initial: int = 5, window: int = 8, lo: int = 2, hi: int = 8):
+        self._gamma = initial
+        self.lo, self.hi = lo, hi
+        self.recent: deque[tuple[int, int]] = deque(maxlen=window)
+
+    def acceptance(self) -> float:
+        proposed = sum(p for _, p in self.recent)
+        return sum(a for a, _ in self.recent) / proposed if proposed else 0.0
+
+    def gamma(self) -> int:
+        return self._gamma
+
+    def update(self, accepted: int, proposed: int) -> None:
+        if proposed == 0:
+            return
+        self.recent.append((accepted, proposed))
+        self._gamma = min(self.hi, max(self.lo, round(self.acceptance() * 10)))
+
+
+def accept_greedy(target_choice: Sequence[int], proposal: Sequence[int]) -> list[int]:
+    """Longest run of the proposal matching the target's argmax, plus the target's next token."""
+    n = 0
+    while n < len(proposal) and proposal[n] == target_choice[n]:
+        n += 1
+    return list(proposal[:n]) + [int(target_choice[n])]
+
+
+def accept_sampled(
+    p: torch.Tensor,  # (k+1, V) target probabilities at each verified position
+    q: torch.Tensor | None,  # (k, V) draft probabilities; None = deterministic (one-hot) proposal
+    proposal: Sequence[int],
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """Leviathan/Chen rejection sampling: the output is distributed exactly as sampling from p."""
+    out: list[int] = []
+    for i, tok in enumerate(proposal):
+        q_tok = float(q[i, tok]) if q is not None else 1.0
+        p_tok = float(p[i, tok])
+        if float(torch.rand((), generator=generator)) * q_tok < p_tok:  # accept with min(1, p/q)
+            out.append(int(tok))
+            continue
+        residual = p[i].clone()
+        if q is not None:
+            residual = torch.clamp(residual - q[i], min=0)
+        else:
+            residual[tok] = 0
+        total = residual.sum()
+        if float(total) <= 0:  # p == q numerically; any draw from p is then correct
+            residual, total = p[i], p[i].sum()
+        out.append(int(torch.multinomial(residual / total, 1, generator=generator)))
+        return out
+    out.append(int(torch.multinomial(p[len(proposal)], 1, generator=generator)))
+    return out
+
+
+def _choose(logits: torch.Tensor, temperature: float, generator: torch.Generator | None) -> int:
+    if temperature <= 0:
+        return int(torch.argmax(logits))
+    return int(torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator))
+
+
+def generate(
+    target: CachedLM,
+    prompt: Sequence[int],
+    drafter: Drafter | None,
+    *,
+    max_new_tokens: int,
+    cancel: threading.Event,
+    gamma: GammaPolicy | None = None,
+    eos: frozenset[int] = frozenset(),
+    stop_check: Callable[[list[int]], str | None] | None = None,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+    stats: CompletionStats | None = None,
+) -> tuple[list[int], str]:
+    """Decode up to `max_new_tokens` after `prompt`; returns (tokens, stop reason).
+
+    Greedy output equals the target's own greedy decoding token for token (up to numerics of the
+    batched verify forward; exact in float32 in our tests). `stop_check(tokens)` returns a reason
+    to stop after the tokens produced so far (stop strings, line limits, time budgets).
+    The cancel event is checked before every propose and every verify.
+    """
+    stats = stats if stats is not None else CompletionStats()
+    gamma = gamma or FixedGamma(5)
+    if cancel.is_set():
+        return [], "cancelled"
+    t0 = time.perf_counter()
+    logits, reused = target.prefill(prompt)
+    stats.prompt_tokens, stats.reused_tokens = len(prompt), reused
+    stats.target_forwards += 1
+    stats.prefill_s += time.perf_counter() - t0
+    out: list[int] = []
+    pending = _choose(logits, temperature, generator)  # sampled but not yet in the target's cache
+    while True:
+        if pending in eos:
+            return out, "eos"
+        out.append(pending)
+        if len(out) >= max_new_tokens:
+            return out, "max_tokens"
+        reason = stop_check(out) if stop_check else None
+        if reason:
+            return out, reason
+        if cancel.is_set():
+            return out, "cancelled"
+        k = min(gamma.gamma(), max_new_tokens - len(out) - 1) if drafter else 0
+        t0 = time.perf_counter()
+        proposal = drafter.propose(list(prompt) + out, k) if k > 0 else []
+        stats.draft_s += time.perf_counter() - t0
+        if cancel.is_set():
+            return out, "cancelled"
+        t0 = time.perf_counter()
+        base = len(target.tokens)
+        verify_logits = target.forward([pending, *proposal])  # (1 + k, V) in one forward
+        stats.target_forwards += 1
+        if temperature <= 0:
+            accepted = accept_greedy(verify_logits.argmax(-1).tolist(), proposal)
+        else:
+            p = torch.softmax(verify_logits / temperature, -1)
+            q = getattr(drafter, "last_probs", None) if proposal else None
+            accepted = accept_sampled(p, q[: len(proposal)] if q is not None else None, proposal, generator)
+        n_ok = len(accepted) - 1
+        target.truncate(base + 1 + n_ok)  # keep pending + accepted drafts; drop the rejected tail
+        stats.verify_s += time.perf_counter() - t0
+        if proposal:
+            stats.proposed.append(len(proposal))
+            stats.accepted.append(n_ok)
+            stats.drafter_used.append(getattr(drafter, "last_used", drafter.name))
+            gamma.update(n_ok, len(proposal))
+            drafter.feedback(n_ok, len(proposal))
+        for tok in accepted[:-1]:  # drafts the target agreed with, already in its cache
+            if tok in eos:
+                return out, "eos"
+            out.append(tok)
+            if len(out) >= max_new_tokens:
+                return out, "max_tokens"
+        pending = accepted[-1]

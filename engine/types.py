@@ -1,0 +1,96 @@
+"""Torch-free value types shared by the engine and its callers: requests, results, stats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Mode = Literal["single-line", "multi-line"]
+
+
+@dataclass(frozen=True)
+class Snippet:
+    """A piece of workspace context for the prompt (a retrieved chunk or a definition)."""
+
+    path: str
+    text: str
+    start_line: int = 1  # 1-based, inclusive
+    end_line: int = 1
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a generation stops (whichever comes first)."""
+
+    max_tokens: int = 128
+    max_lines: int = 0  # 0 = no line limit
+    stop: tuple[str, ...] = ()  # stop strings (the text is cut before them)
+    time_budget_s: float = 0.0  # 0 = none; fires only once a full line exists
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """How the speculative loop drafts and verifies."""
+
+    drafter: Literal["none", "ngram", "draft", "hybrid"] = "hybrid"
+    gamma: int = 5  # initial (and, with adaptive=False, fixed) draft length
+    adaptive: bool = True  # gamma = min(8, max(2, round(acceptance * 10))) over a window
+    window: int = 8  # steps in the acceptance window
+    min_ngram: int = 2  # hybrid: n-gram match length that beats the draft model
+    temperature: float = 0.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CompletionRequest:
+    """An immutable snapshot of what to complete: document, cursor context, limits."""
+
+    prefix: str
+    suffix: str = ""
+    uri: str = ""
+    version: int = 0
+    language: str = ""
+    path: str = ""  # workspace-relative path shown to the model
+    snippets: tuple[Snippet, ...] = ()
+    mode: Mode = "multi-line"
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass
+class CompletionStats:
+    """What one completion cost and how well the drafts did."""
+
+    prompt_tokens: int = 0
+    reused_tokens: int = 0  # prompt tokens whose KV came from the previous call
+    generated_tokens: int = 0
+    proposed: list[int] = field(default_factory=list)  # per step
+    accepted: list[int] = field(default_factory=list)  # per step (draft tokens, bonus excluded)
+    drafter_used: list[str] = field(default_factory=list)  # per step: "ngram" | "draft" | "none"
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    total_s: float = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        proposed = sum(self.proposed)
+        return sum(self.accepted) / proposed if proposed else 0.0
+
+    @property
+    def accepted_per_step(self) -> float:
+        """Tokens emitted per target verify step (accepted drafts + the bonus token)."""
+        steps = len(self.proposed)
+        return (sum(self.accepted) + steps) / steps if steps else 0.0
+
+
+@dataclass(frozen=True)
+class CompletionResult:
+    """The completion text, why it stopped, and its stats."""
+
+    text: str
+    cancelled: bool = False
+    stop_reason: str = ""  # eos | stop | max_tokens | max_lines | time | cancelled | error
+    tokens: tuple[int, ...] = ()
+    stats: CompletionStats = field(default_factory=CompletionStats)

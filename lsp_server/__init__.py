@@ -1,0 +1,1 @@
+"""draftline's LSP server: protocol handlers, scheduling, completion pipeline and the CLI."""

@@ -1,0 +1,75 @@
+"""The `draftline` command line: composition root that wires subcommands to their packages."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+
+def _bench_engine(args: argparse.Namespace) -> int:
+    from engine.bench import run_bench_engine
+
+    return run_bench_engine(args)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from lsp_server.server import run_serve
+
+    return run_serve(args)
+
+
+def _complete(args: argparse.Namespace) -> int:
+    from lsp_server.completer import run_complete
+
+    return run_complete(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="draftline",
+        description="Self-hosted AI code completion over LSP with lossless speculative decoding.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (stderr)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the LSP server (stdio unless --tcp)")
+    serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
+    serve.add_argument("--tcp", metavar="HOST:PORT", help="listen on a TCP address instead of stdio")
+    serve.add_argument("--config", type=Path, default=None, help="user config TOML (default ~/.config/draftline/config.toml)")
+    serve.set_defaults(func=_serve)
+
+    complete = sub.add_parser("complete", help="complete at FILE:LINE:COL (1-based) and print text and stats")
+    complete.add_argument("location", metavar="FILE:LINE:COL")
+    complete.add_argument("--workspace", type=Path, default=None, help="workspace root (retrieval, config)")
+    complete.add_argument("--json", action="store_true", help="print JSON (text, chunks, timings_ms, stats)")
+    complete.add_argument("--target", default=None, help='target model (a path, a hub id, or "fake")')
+    complete.add_argument("--draft", default=None, help="draft model")
+    complete.add_argument("--mode", choices=["auto", "single", "multi"], default=None)
+    complete.add_argument("--config", type=Path, default=None, help="user config TOML")
+    complete.set_defaults(func=_complete)
+
+    bench = sub.add_parser("bench", help="benchmarks (each prints the numbers the README quotes)")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
+    from engine.bench import add_arguments as add_bench_engine_arguments
+
+    be = bench_sub.add_parser("engine", help="speculative decoding vs plain greedy and transformers")
+    add_bench_engine_arguments(be)
+    be.set_defaults(func=_bench_engine)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        stream=sys.stderr,  # stdout is the LSP channel
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+    func = getattr(args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 0
+    return int(func(args) or 0)

@@ -1,0 +1,81 @@
+"""Engine.complete end to end on saved HF directories: loading, modes, stops, stats, cancellation."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from engine.engine import EngineConfig, load_engine
+from engine.fake import FakeEngine
+from engine.types import CompletionRequest, Limits, SpecConfig
+
+REQ = CompletionRequest(prefix="import json\n\ndef load(path):\n    with open(path) as f:\n        return json.",
+                        suffix="\n", uri="file:///x.py", path="x.py", limits=Limits(max_tokens=40))
+
+
+@pytest.fixture(scope="module")
+def engine(model_dirs):
+    return load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32")
+
+
+def test_every_mode_gives_the_plain_greedy_text(engine):
+    plain = engine.complete(REQ, threading.Event(), SpecConfig(drafter="none"))
+    assert plain.stats.generated_tokens > 0
+    for drafter in ("ngram", "draft", "hybrid"):
+        for adaptive in (False, True):
+            res = engine.complete(REQ, threading.Event(), SpecConfig(drafter=drafter, adaptive=adaptive))
+            assert res.text == plain.text and res.tokens == plain.tokens, (drafter, adaptive)
+            assert res.stats.proposed, drafter
+
+
+def test_second_call_reuses_the_prompt_kv(engine):
+    engine.complete(REQ, threading.Event())
+    typed = CompletionRequest(**{**REQ.__dict__, "prefix": REQ.prefix + "lo"})
+    res = engine.complete(typed, threading.Event())
+    assert res.stats.reused_tokens >= res.stats.prompt_tokens - 6
+
+
+def test_single_line_mode_stops_at_the_line_end(engine):
+    res = engine.complete(CompletionRequest(**{**REQ.__dict__, "mode": "single-line"}), threading.Event())
+    assert "\n" not in res.text
+
+
+def test_stop_strings_cut_the_text(engine):
+    full = engine.complete(REQ, threading.Event(), SpecConfig(drafter="none"))
+    if len(full.text) < 4:
+        pytest.skip("the random model ended at once")
+    stop = full.text[2:4]
+    res = engine.complete(CompletionRequest(**{**REQ.__dict__, "limits": Limits(max_tokens=40, stop=(stop,))}),
+                          threading.Event())
+    assert stop not in res.text and full.text.startswith(res.text)
+
+
+def test_cancelled_before_start_does_no_work(engine):
+    event = threading.Event()
+    event.set()
+    before = engine.target_lm.forwards
+    res = engine.complete(REQ, event)
+    assert res.cancelled and engine.target_lm.forwards == before
+
+
+def test_fake_engine_is_deterministic_and_cancellable():
+    fake = FakeEngine()
+    a = fake.complete(REQ, threading.Event())
+    assert a.text == fake.complete(REQ, threading.Event()).text
+    ev = threading.Event()
+    ev.set()
+    assert fake.complete(REQ, ev).cancelled
+
+
+def test_mismatched_tokenizer_is_refused(model_dirs, tmp_path):
+    from transformers import AutoTokenizer
+
+    from engine.train import train_tokenizer
+    from tests.unit.engine.conftest import tiny_model
+
+    tok = train_tokenizer(["completely different text " * 50, "zzz yyy xxx"], 300, tmp_path)
+    tiny_model("llama", vocab=len(tok), seed=3, layers=1, hidden=16).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="tokenizer"):
+        load_engine(str(model_dirs["target"]), str(tmp_path))
+    assert AutoTokenizer.from_pretrained(tmp_path) is not None

@@ -1,0 +1,81 @@
+"""FIM prompt strings per family are exact, and the local window keeps its anchor while typing."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+
+from engine.prompt import (CODELLAMA, DEEPSEEK_CODER, DRAFTLINE, PLAIN, QWEN25_CODER, STARCODER2, PromptBudget,
+                           PromptBuilder, detect_template, render_golden)
+from engine.model import common_prefix_len
+from engine.types import CompletionRequest, Snippet
+
+REQ = CompletionRequest(
+    prefix="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n", path="pkg/calc.py",
+    snippets=(Snippet("pkg/util.py", "def sub(a, b):\n    return a - b\n"),),
+)
+
+GOLDEN = {
+    QWEN25_CODER: "<|repo_name|>proj\n<|file_sep|>pkg/util.py\ndef sub(a, b):\n    return a - b\n"
+                  "<|file_sep|>pkg/calc.py\n<|fim_prefix|>def add(a, b):\n    <|fim_suffix|>\n\nprint(add(1, 2))\n"
+                  "<|fim_middle|>",
+    STARCODER2: "<repo_name>proj<file_sep>pkg/util.py\ndef sub(a, b):\n    return a - b\n"
+                "<file_sep><fim_prefix>pkg/calc.py\ndef add(a, b):\n    <fim_suffix>\n\nprint(add(1, 2))\n<fim_middle>",
+    DEEPSEEK_CODER: "<s># pkg/util.py\ndef sub(a, b):\n    return a - b\n\n# pkg/calc.py\n"
+                    "<｜fim▁begin｜>def add(a, b):\n    <｜fim▁hole｜>\n\nprint(add(1, 2))\n<｜fim▁end｜>",
+    CODELLAMA: "<s># pkg/util.py\ndef sub(a, b):\n    return a - b\n\n# pkg/calc.py\n"
+               "▁<PRE>def add(a, b):\n    ▁<SUF>\n\nprint(add(1, 2))\n▁<MID>",
+    DRAFTLINE: "<|file_sep|>pkg/util.py\ndef sub(a, b):\n    return a - b\n<|file_sep|>pkg/calc.py\n"
+               "<|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_prefix|>def add(a, b):\n    <|fim_middle|>",
+    PLAIN: "# pkg/util.py\ndef sub(a, b):\n    return a - b\n\n# pkg/calc.py\ndef add(a, b):\n    ",
+}
+
+
+@pytest.mark.parametrize("template", list(GOLDEN), ids=lambda t: t.family)
+def test_golden_prompt_strings(template):
+    assert render_golden(template, REQ, repo="proj") == GOLDEN[template]
+
+
+def test_deepseek_uses_full_width_bars():
+    assert DEEPSEEK_CODER.prefix == "<\uff5cfim\u2581begin\uff5c>"
+
+
+def test_detect_bundled_family(tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    assert detect_template(tok) is DRAFTLINE
+    assert detect_template(tok, hint="Qwen2.5-Coder-7B") is QWEN25_CODER
+
+
+def _lines(n: int) -> str:
+    return "".join(f"value_{i} = compute(value_{i - 1}, {i})\n" for i in range(n))
+
+
+def test_window_is_line_anchored_and_keeps_its_anchor_while_typing(tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    builder = PromptBuilder(DRAFTLINE, tok, PromptBudget(total=400))
+    body = _lines(200)
+    typed = "result = comp"
+    prompts = []
+    for i in range(1, len(typed) + 1):
+        req = CompletionRequest(prefix=body + typed[:i], suffix="\nprint(result)\n", uri="file:///a.py")
+        prompts.append(builder.build(req))
+    window = body + typed
+    for p in prompts:
+        start = len(body) + len(typed[: prompts.index(p) + 1]) - p.prefix_chars
+        assert start == 0 or window[start - 1] == "\n"  # a line boundary
+        assert len(p.tokens) <= 400
+    # SPM + a fixed anchor: each prompt's tokens, minus the tail, are the previous prompt's prefix
+    shared = [common_prefix_len(a.tokens, b.tokens) for a, b in zip(prompts, prompts[1:])]
+    assert all(len(a.tokens) - s <= 6 for a, s in zip(prompts, shared))  # only the typed tail changes
+    assert len({p.prefix_chars - i for i, p in enumerate(prompts)}) == 1  # the window start never moved
+
+
+def test_window_moves_with_margin_when_it_overflows(tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    builder = PromptBuilder(DRAFTLINE, tok, PromptBudget(total=300, margin_share=0.25))
+    text = _lines(100)
+    first = builder.build(CompletionRequest(prefix=text, uri="u"))
+    grown = builder.build(CompletionRequest(prefix=text + _lines(3), uri="u"))  # still fits the margin
+    assert grown.prefix_chars - first.prefix_chars == len(_lines(3))
+    moved = builder.build(CompletionRequest(prefix=text + _lines(60), uri="u"))  # overflow: re-anchor
+    assert len(moved.tokens) <= 300 and moved.prefix_chars < len(text + _lines(60))

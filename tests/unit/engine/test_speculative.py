@@ -1,0 +1,192 @@
+"""Speculative decoding is lossless: its greedy tokens equal the target's plain greedy tokens."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+import torch
+
+from engine.drafters import HybridDrafter, ModelDrafter, NgramDrafter
+from engine.speculative import AdaptiveGamma, FixedGamma, accept_greedy, accept_sampled, generate
+from engine.types import CompletionStats
+from tests.unit.engine.conftest import cached, naive_greedy, tiny_model
+
+
+class ScheduleDrafter:
+    """Knows the right answer; proposes a run that is right for a scheduled number of tokens, then wrong."""
+
+    name = "schedule"
+
+    def __init__(self, prompt_len: int, truth: list[int], schedule: list[int], vocab: int):
+        self.prompt_len, self.truth, self.schedule, self.vocab = prompt_len, truth, schedule, vocab
+        self.calls = 0
+
+    def propose(self, tokens, k):
+        pos = len(tokens) - self.prompt_len
+        right = self.schedule[self.calls % len(self.schedule)]
+        self.calls += 1
+        out = []
+        for i in range(k):
+            t = self.truth[pos + i] if pos + i < len(self.truth) else 0
+            out.append(t if i < right else (t + 1 + i) % self.vocab)
+        return out
+
+    def feedback(self, accepted, proposed):
+        pass
+
+
+def _prompts(vocab: int, n: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randrange(3, 40))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_schedule_drafter_matches_plain_greedy(family, llama, qwen2):
+    model = llama if family == "llama" else qwen2
+    for i, prompt in enumerate(_prompts(96, 6, seed=hash(family) % 100)):
+        truth = naive_greedy(model, prompt, 24)
+        for gamma in range(1, 9):
+            for schedule in ([gamma], [0], [gamma // 2], [0, gamma, 1, 3]):
+                drafter = ScheduleDrafter(len(prompt), truth, schedule, 96)
+                tokens, reason = generate(cached(model), prompt, drafter, max_new_tokens=24,
+                                          cancel=threading.Event(), gamma=FixedGamma(gamma))
+                assert tokens == truth, (i, gamma, schedule)
+                assert reason == "max_tokens"
+
+
+def test_plain_loop_without_drafter_is_greedy(llama):
+    for prompt in _prompts(96, 4, seed=3):
+        tokens, _ = generate(cached(llama), prompt, None, max_new_tokens=20, cancel=threading.Event())
+        assert tokens == naive_greedy(llama, prompt, 20)
+
+
+def test_ngram_model_and_hybrid_drafters_are_lossless(llama):
+    draft = tiny_model("llama", seed=7, layers=1, hidden=16)
+    for prompt in _prompts(96, 4, seed=5):
+        prompt = prompt + prompt[:10]  # something to copy
+        truth = naive_greedy(llama, prompt, 30)
+        for make in (
+            lambda: NgramDrafter(),
+            lambda: ModelDrafter(cached(draft)),
+            lambda: HybridDrafter(NgramDrafter(), ModelDrafter(cached(draft))),
+        ):
+            for gamma in (FixedGamma(5), AdaptiveGamma()):
+                stats = CompletionStats()
+                tokens, _ = generate(cached(llama), prompt, make(), max_new_tokens=30,
+                                     cancel=threading.Event(), gamma=gamma, stats=stats)
+                assert tokens == truth
+                assert sum(stats.accepted) <= sum(stats.proposed)
+
+
+def test_draft_with_smaller_vocabulary_is_sliced_and_lossless(llama):
+    draft = tiny_model("qwen2", vocab=80, seed=9, layers=1, hidden=16)  # target has 96 rows
+    for prompt in _prompts(80, 4, seed=6):
+        truth = naive_greedy(llama, prompt, 20)
+        drafter = ModelDrafter(cached(draft, vocab_limit=80))
+        tokens, _ = generate(cached(llama), prompt, drafter, max_new_tokens=20, cancel=threading.Event())
+        assert tokens == truth
+
+
+def test_eos_stops_even_inside_an_accepted_run(llama):
+    prompt = _prompts(96, 1, seed=8)[0]
+    truth = naive_greedy(llama, prompt, 20)
+    eos = truth[7]
+    first = truth.index(eos)
+    drafter = ScheduleDrafter(len(prompt), truth, [8], 96)
+    tokens, reason = generate(cached(llama), prompt, drafter, max_new_tokens=20,
+                              cancel=threading.Event(), gamma=FixedGamma(8), eos=frozenset({eos}))
+    assert (tokens, reason) == (truth[:first], "eos")
+
+
+def test_stop_check_and_kv_reuse_across_calls(llama):
+    prompt = _prompts(96, 1, seed=10)[0]
+    lm = cached(llama)
+    stats = CompletionStats()
+    tokens, reason = generate(lm, prompt, NgramDrafter(), max_new_tokens=30, cancel=threading.Event(),
+                              stop_check=lambda out: "stop" if len(out) >= 5 else None, stats=stats)
+    assert reason == "stop" and tokens[:5] == naive_greedy(llama, prompt, 5)
+    stats2 = CompletionStats()
+    longer = prompt + [3, 4]
+    tokens2, _ = generate(lm, longer, NgramDrafter(), max_new_tokens=10, cancel=threading.Event(), stats=stats2)
+    assert stats2.reused_tokens == len(prompt)  # the typed tokens only appended
+    assert tokens2 == naive_greedy(llama, longer, 10)
+
+
+class CancelAt:
+    """Sets the cancel event inside the n-th propose, or inside the n-th target forward."""
+
+    def __init__(self, inner, event: threading.Event, at_propose: int | None):
+        self.inner, self.event, self.at, self.calls, self.name = inner, event, at_propose, 0, "cancel"
+
+    def propose(self, tokens, k):
+        self.calls += 1
+        if self.calls == self.at:
+            self.event.set()
+        return self.inner.propose(tokens, k)
+
+    def feedback(self, a, p):
+        pass
+
+
+@pytest.mark.parametrize("at", [1, 2, 5])
+def test_cancel_during_propose_runs_no_further_target_forward(llama, at):
+    event = threading.Event()
+    lm = cached(llama)
+    drafter = CancelAt(NgramDrafter(), event, at)
+    tokens, reason = generate(lm, _prompts(96, 1)[0], drafter, max_new_tokens=200, cancel=event)
+    assert reason == "cancelled"
+    assert lm.forwards == at  # prefill + (at - 1) verifies; none after the event
+
+
+def test_cancel_during_verify_stops_before_the_next_step(llama):
+    event = threading.Event()
+    lm = cached(llama)
+    forwards_at_set = []
+    original = lm.forward
+
+    def forward(tokens, keep_logits=None):
+        out = original(tokens, keep_logits)
+        if lm.forwards == 3:
+            event.set()
+            forwards_at_set.append(lm.forwards)
+        return out
+
+    lm.forward = forward
+    draft_lm = cached(tiny_model("llama", seed=7, layers=1, hidden=16))
+    drafter = ModelDrafter(draft_lm)
+    _, reason = generate(lm, _prompts(96, 1)[0], drafter, max_new_tokens=200, cancel=event)
+    assert reason == "cancelled" and lm.forwards == forwards_at_set[0]
+    draft_forwards = draft_lm.forwards
+    assert draft_forwards > 0  # and none of them came after the event: propose is checked first
+
+
+def test_accept_greedy():
+    assert accept_greedy([1, 2, 3, 4], [1, 2, 9]) == [1, 2, 3]
+    assert accept_greedy([5], []) == [5]
+    assert accept_greedy([1, 2, 3, 4], [1, 2, 3]) == [1, 2, 3, 4]
+
+
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+@pytest.mark.parametrize("one_hot", [False, True])
+def test_rejection_sampling_preserves_the_target_distribution(one_hot):
+    gen = torch.Generator().manual_seed(1234)
+    p = torch.tensor([[0.5, 0.2, 0.2, 0.1], [0.1, 0.6, 0.2, 0.1]])  # (k+1=2, V=4)
+    q = torch.tensor([[0.1, 0.1, 0.4, 0.4]])  # a draft that disagrees with the target
+    counts = torch.zeros(4)
+    trials = 20000
+    for _ in range(trials):
+        if one_hot:  # a deterministic drafter (n-gram) always proposes token 2
+            tok, qq = 2, None
+        else:
+            tok, qq = int(torch.multinomial(q[0], 1, generator=gen)), q
+        first = accept_sampled(p, qq, [tok], gen)[0]
+        counts[first] += 1
+    # chi-square, 3 degrees of freedom: 16.27 is the 0.1 % critical value; seeds are fixed
+    assert _chi_square(counts, p[0]) < 16.27
+    assert _chi_square(counts, torch.tensor([0.25] * 4)) > 100  # and the test can tell a wrong one
