@@ -79,3 +79,25 @@ def test_mismatched_tokenizer_is_refused(model_dirs, tmp_path):
     with pytest.raises(ValueError, match="tokenizer"):
         load_engine(str(model_dirs["target"]), str(tmp_path))
     assert AutoTokenizer.from_pretrained(tmp_path) is not None
+
+
+def test_plain_equals_transformers_generate(engine):
+    """The independent reference: transformers' own greedy generate() on the same prompt."""
+    import torch
+
+    for prefix in (REQ.prefix, "class A:\n    def f(self):\n        ", "x = [1, 2"):
+        req = CompletionRequest(prefix=prefix, uri=f"ref:{prefix[:5]}", limits=Limits(max_tokens=24))
+        ours = engine.complete(req, threading.Event(), SpecConfig(drafter="hybrid"))
+        ids = torch.tensor([engine.prompts.build(req).tokens])
+        ref = engine.target.model.generate(ids, max_new_tokens=24, do_sample=False, eos_token_id=sorted(engine.eos),
+                                           pad_token_id=engine.target.tokenizer.pad_token_id)[0, ids.shape[1]:]
+        ref = [t for t in ref.tolist() if t not in engine.eos]
+        assert list(ours.tokens) == ref[: len(ours.tokens)] and len(ours.tokens) == len(ref)
+
+
+def test_time_budget_fires_only_after_a_full_line(engine):
+    req = CompletionRequest(prefix="def f():\n", uri="tb", limits=Limits(max_tokens=60, time_budget_s=1e-9))
+    res = engine.complete(req, threading.Event())
+    assert res.stop_reason in ("time", "eos", "max_tokens")
+    if res.stop_reason == "time":
+        assert "\n" in engine.target.tokenizer.decode(list(res.tokens))
