@@ -1,9 +1,20 @@
-"""Training for the bundled pair: the byte-level BPE tokenizer (models come with the models issue)."""
+"""Training of the bundled pair: byte-level BPE tokenizer, target, and a draft distilled from it."""
 
 from __future__ import annotations
 
+import json
+import logging
+import math
+import platform
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
+
+from engine.bundled import MODELS_DIR
+
+log = logging.getLogger(__name__)
 
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|draftline|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>",
@@ -36,3 +47,191 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int, out_dir: str | Path):
     )
     fast.save_pretrained(str(out_dir))
     return fast
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    hidden: int
+    layers: int
+    heads: int
+    ffn: int
+
+
+SIZES = {"target": ModelSize(256, 4, 4, 688), "draft": ModelSize(128, 2, 2, 384)}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    out: str = str(MODELS_DIR)
+    state: str = str(Path.home() / ".cache" / "draftline" / "train-state")  # optimizer etc., not shipped
+    minutes: float = 60.0
+    vocab: int = 8192
+    seq: int = 512
+    batch: int = 16
+    lr: float = 2e-3
+    draft_lr: float = 3e-3
+    warmup: int = 50
+    distill: float = 0.5  # draft loss = (1 - distill) * CE + distill * KL(target || draft)
+    eval_every_s: float = 300.0
+    checkpoint_every_s: float = 900.0
+    seed: int = 0
+    threads: int = 0  # 0 = torch default
+    resume: bool = False
+
+
+def _llama_config(size: ModelSize, tok):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=len(tok), hidden_size=size.hidden, num_hidden_layers=size.layers,
+                       num_attention_heads=size.heads, num_key_value_heads=size.heads, intermediate_size=size.ffn,
+                       max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=10000.0,
+                       bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+def _encode_stream(tok, texts: list[str]):
+    import numpy as np
+
+    ids = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
+    return np.concatenate([np.asarray(e.ids, dtype=np.uint16) for e in ids])
+
+
+def _batch(stream, cfg: TrainConfig, rng):
+    import numpy as np
+    import torch
+
+    starts = rng.integers(0, len(stream) - cfg.seq - 1, size=cfg.batch)
+    block = np.stack([stream[s : s + cfg.seq + 1] for s in starts]).astype(np.int64)
+    t = torch.from_numpy(block)
+    return t[:, :-1], t[:, 1:]
+
+
+def evaluate(target, draft, stream, cfg: TrainConfig, n: int = 16) -> dict:
+    """Held-out loss (nats/token) of both models and draft-vs-target greedy top-1 agreement."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(1234)  # the same held-out windows every time
+    losses, agree, count = {"target": 0.0, "draft": 0.0}, 0, 0
+    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+        for _ in range(max(1, n // cfg.batch)):
+            x, y = _batch(stream, cfg, rng)
+            lt, ld = target(input_ids=x).logits.float(), draft(input_ids=x).logits.float()
+            losses["target"] += float(torch.nn.functional.cross_entropy(lt.flatten(0, 1), y.flatten()))
+            losses["draft"] += float(torch.nn.functional.cross_entropy(ld.flatten(0, 1), y.flatten()))
+            agree += int((lt.argmax(-1) == ld.argmax(-1)).sum())
+            count += y.numel()
+    k = max(1, n // cfg.batch)
+    return {"target_loss": losses["target"] / k, "draft_loss": losses["draft"] / k, "top1_agreement": agree / count}
+
+
+def train(cfg: TrainConfig) -> dict:
+    """Train (or resume) the tokenizer, target and distilled draft; checkpoint into cfg.out."""
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    from engine.corpus import collect, repo_samples
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    out, state_dir = Path(cfg.out), Path(cfg.state)
+    out.mkdir(parents=True, exist_ok=True)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    t_start = time.perf_counter()
+    corpus = collect()
+    log.info("corpus: %d train files, %d held-out files", len(corpus.train), len(corpus.held_out))
+    tdir, ddir = out / "target", out / "draft"
+    if cfg.resume and (tdir / "config.json").exists():
+        tok = AutoTokenizer.from_pretrained(tdir)
+        target = LlamaForCausalLM.from_pretrained(tdir, dtype=torch.float32)
+        draft = LlamaForCausalLM.from_pretrained(ddir, dtype=torch.float32)
+        summary = json.loads((out / "summary.json").read_text())
+    else:
+        sample = [f.text for f in corpus.train[:: max(1, len(corpus.train) // 1500)]]
+        tok = train_tokenizer(sample, cfg.vocab, state_dir / "tokenizer")
+        target = LlamaForCausalLM(_llama_config(SIZES["target"], tok))
+        draft = LlamaForCausalLM(_llama_config(SIZES["draft"], tok))
+        summary = {"runs": [], "steps": 0, "tokens_seen": 0}
+    train_stream = _encode_stream(tok, repo_samples(corpus.train, cfg.seed + summary["steps"]))
+    held_stream = _encode_stream(tok, repo_samples(corpus.held_out, 99))
+    log.info("tokens: %d train, %d held out; params target %.2fM draft %.2fM", len(train_stream), len(held_stream),
+             target.num_parameters() / 1e6, draft.num_parameters() / 1e6)
+    opt_t = torch.optim.AdamW(target.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    opt_d = torch.optim.AdamW(draft.parameters(), lr=cfg.draft_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    state_file = state_dir / "optim.pt"
+    if cfg.resume and state_file.exists():
+        saved = torch.load(state_file, weights_only=True)
+        opt_t.load_state_dict(saved["target"])
+        opt_d.load_state_dict(saved["draft"])
+    rng = np.random.default_rng(cfg.seed + summary["steps"])
+    budget = cfg.minutes * 60
+    run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "minutes": cfg.minutes, "evals": [],
+           "hardware": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+           "data": corpus.manifest}
+    target.train(), draft.train()
+    t0 = last_eval = last_ckpt = time.perf_counter()
+    step = 0
+    while time.perf_counter() - t0 < budget:
+        frac = (time.perf_counter() - t0) / budget
+        scale = min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for opt, lr in ((opt_t, cfg.lr), (opt_d, cfg.draft_lr)):
+            for g in opt.param_groups:
+                g["lr"] = lr * scale
+        x, y = _batch(train_stream, cfg, rng)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            lt = target(input_ids=x).logits.float()  # (B, T, V)
+            loss_t = torch.nn.functional.cross_entropy(lt.flatten(0, 1), y.flatten())
+            ld = draft(input_ids=x).logits.float()
+            ce_d = torch.nn.functional.cross_entropy(ld.flatten(0, 1), y.flatten())
+            kl = torch.nn.functional.kl_div(torch.log_softmax(ld, -1).flatten(0, 1),
+                                            torch.log_softmax(lt.detach(), -1).flatten(0, 1),
+                                            log_target=True, reduction="batchmean")
+            loss_d = (1 - cfg.distill) * ce_d + cfg.distill * kl
+        for opt, loss, model in ((opt_t, loss_t, target), (opt_d, loss_d, draft)):
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+        step += 1
+        now = time.perf_counter()
+        if step % 20 == 0:
+            tps = step * cfg.batch * cfg.seq / (now - t0)
+            print(f"\rstep {step} loss target {float(loss_t):.3f} draft {float(ce_d):.3f} kl {float(kl):.3f} "
+                  f"{tps:.0f} tok/s {100 * frac:.0f}%", end="", file=sys.stderr, flush=True)
+        if now - last_eval > cfg.eval_every_s:
+            target.eval(), draft.eval()
+            ev = {"elapsed_s": round(now - t0), "step": summary["steps"] + step, **evaluate(target, draft, held_stream, cfg)}
+            target.train(), draft.train()
+            run["evals"].append(ev)
+            log.info("eval %s", ev)
+            last_eval = now
+        if now - last_ckpt > cfg.checkpoint_every_s:
+            _save(target, draft, tok, out, opt_t, opt_d, state_file, summary, run, step, cfg)
+            last_ckpt = now
+    target.eval(), draft.eval()
+    run["final"] = evaluate(target, draft, held_stream, cfg, n=64)
+    _save(target, draft, tok, out, opt_t, opt_d, state_file, summary, run, step, cfg)
+    log.info("done in %.0fs: %s", time.perf_counter() - t_start, run["final"])
+    return run
+
+
+def _save(target, draft, tok, out: Path, opt_t, opt_d, state_file: Path, summary: dict, run: dict, step: int,
+          cfg: TrainConfig) -> None:
+    """Write both models (bf16 safetensors: half the bytes in git) and the summary; keep the optimizer aside."""
+    import copy
+
+    import torch
+
+    for model, name in ((target, "target"), (draft, "draft")):
+        shipped = copy.deepcopy(model).to(torch.bfloat16)
+        shipped.generation_config.pad_token_id = tok.pad_token_id
+        shipped.save_pretrained(out / name)
+        tok.save_pretrained(out / name)
+    torch.save({"target": opt_t.state_dict(), "draft": opt_d.state_dict()}, state_file)
+    run = {**run, "steps": step, "tokens": step * cfg.batch * cfg.seq}
+    runs = summary["runs"][:-1] if summary["runs"] and summary["runs"][-1].get("started") == run["started"] else summary["runs"]
+    total = {"runs": runs + [run], "steps": sum(r["steps"] for r in runs) + step,
+             "tokens_seen": sum(r["tokens"] for r in runs) + run["tokens"],
+             "sizes": {k: v.__dict__ for k, v in SIZES.items()}}
+    (out / "summary.json").write_text(json.dumps(total, indent=1))

@@ -1,0 +1,22 @@
+"""`draftline bench engine --json` prints every mode with the agreed keys, all identical to plain."""
+
+from __future__ import annotations
+
+import json
+
+from lsp_server.cli import main
+
+
+def test_bench_engine_json(model_dirs, capsys):
+    rc = main(["bench", "engine", "--target", str(model_dirs["target"]), "--draft", str(model_dirs["draft"]),
+               "--prompts", "2", "--max-new", "12", "--prompt-chars", "600", "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert {"device", "target", "draft", "modes"} <= report.keys()
+    names = [m["name"] for m in report["modes"]]
+    assert names == ["plain", "hf-assisted", "hf-prompt-lookup", "ngram-g5", "ngram-adaptive", "draft-g5",
+                     "draft-adaptive", "hybrid-g5", "hybrid-adaptive"]
+    for m in report["modes"]:
+        assert {"tokens_per_s", "ms_per_token", "acceptance", "accepted_per_step", "speedup", "identical"} <= m.keys()
+        assert m["identical"] is True, m["name"]
+    assert report["modes"][0]["speedup"] == 1.0
