@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -24,6 +25,7 @@ class EngineConfig:
     spec: SpecConfig = field(default_factory=SpecConfig)
     budget: PromptBudget = field(default_factory=PromptBudget)
     template: str = "auto"  # a family name from engine.prompt.TEMPLATES, or auto-detect
+    backend: str = "auto"  # transformers | lean | auto (lean where it runs the architecture exactly)
     remember_completions: int = 16  # previous completions the n-gram drafter may copy from
 
 
@@ -69,11 +71,15 @@ class Engine:
         self.config = config
         tok = target.tokenizer
         template = TEMPLATES[config.template] if config.template != "auto" else detect_template(tok, target.name)
-        self.prompts = PromptBuilder(template, tok, config.budget)
-        self.eos = self.prompts.stop_ids()
         shared = min(target.vocab_size, draft.vocab_size) if draft else None
-        self.target_lm = CachedLM(target.model, target.device, vocab_limit=shared)
-        self.draft_lm = CachedLM(draft.model, draft.device, vocab_limit=shared) if draft else None
+        self.target_lm = make_lm(target, shared, config.backend, config.budget.total)
+        self.draft_lm = make_lm(draft, shared, config.backend, config.budget.total) if draft else None
+        capacity = min(self.target_lm.capacity, self.draft_lm.capacity if self.draft_lm else 1 << 30)
+        budget = config.budget
+        if budget.total > capacity - 512:  # leave room to generate within the model's context
+            budget = dataclasses.replace(budget, total=max(256, capacity - 512))
+        self.prompts = PromptBuilder(template, tok, budget)
+        self.eos = self.prompts.stop_ids()
         self.ngram = NgramDrafter()
         self.model_drafter = ModelDrafter(self.draft_lm) if self.draft_lm else None
         self.hybrid = HybridDrafter(self.ngram, self.model_drafter, config.spec.min_ngram) if self.model_drafter else None
@@ -103,6 +109,12 @@ class Engine:
             return CompletionResult("", cancelled=True, stop_reason="cancelled", stats=stats)
         prompt = self.prompts.build(request)
         limits = request.limits
+        room = self.target_lm.capacity - len(prompt.tokens)
+        if self.draft_lm:
+            room = min(room, self.draft_lm.capacity - len(prompt.tokens))
+        if room <= 1:
+            log.warning("prompt of %d tokens leaves no room in the model's context", len(prompt.tokens))
+            return CompletionResult("", stop_reason="context", stats=stats)
         max_lines = 1 if request.mode == "single-line" else limits.max_lines
         rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s)
         drafter = self.drafter_for(spec)
@@ -112,7 +124,7 @@ class Engine:
         gamma = AdaptiveGamma(spec.gamma, spec.window) if spec.adaptive else FixedGamma(spec.gamma)
         draft_before = self.draft_lm.forwards if self.draft_lm else 0
         tokens, reason = generate(
-            self.target_lm, prompt.tokens, drafter, max_new_tokens=limits.max_tokens, cancel=cancel,
+            self.target_lm, prompt.tokens, drafter, max_new_tokens=min(limits.max_tokens, room - 1), cancel=cancel,
             gamma=gamma, eos=self.eos, stop_check=rules, temperature=spec.temperature,
             generator=self.generator, stats=stats,
         )
@@ -124,6 +136,19 @@ class Engine:
         stats.total_s = time.perf_counter() - started
         cancelled = reason == "cancelled"
         return CompletionResult(text, cancelled=cancelled, stop_reason=reason, tokens=tuple(tokens), stats=stats)
+
+
+def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int):
+    """The forward backend for one model: the lean static-cache decoder where it applies, else transformers."""
+    from engine import lean
+
+    why = lean.supports(loaded.model)
+    if backend == "lean" or (backend == "auto" and why is None):
+        max_len = min(int(getattr(loaded.model.config, "max_position_embeddings", 8192)), prompt_budget + 4096)
+        return lean.LeanLM(loaded.model, loaded.device, vocab_limit=vocab_limit, max_len=max_len)
+    if backend == "auto":
+        log.info("%s: transformers backend (%s)", loaded.name, why)
+    return CachedLM(loaded.model, loaded.device, vocab_limit=vocab_limit)
 
 
 def load_engine(target: str, draft: str | None = None, *, device: str | None = None, dtype: str = "auto",

@@ -97,6 +97,7 @@ class CachedLM:
         self.vocab_limit = vocab_limit  # slice logits to a vocabulary shared with another model
         self.tokens: list[int] = []
         self.forwards = 0
+        self.capacity = int(getattr(model.config, "max_position_embeddings", 1 << 30))  # positions it can hold
         self._cache = None
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers >= 5.24 renamed it

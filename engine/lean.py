@@ -1,0 +1,160 @@
+"""A lean Llama/Qwen2 decoder with a static KV cache: the same seam as CachedLM, less overhead.
+
+Weights come from the loaded transformers model (same HF directory). Q/K/V and gate/up are fused
+into single matrices, RoPE tables are precomputed, and the KV cache is one preallocated tensor per
+layer indexed by position, so rejection and cross-keystroke reuse are a length change. On this
+CPU a transformers forward costs ~0.55 ms of fixed overhead (reference/bakeoff.md §4); for the
+small models draftline runs here that overhead is most of a step.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import torch
+
+from engine.model import common_prefix_len
+
+log = logging.getLogger(__name__)
+
+SUPPORTED = ("llama", "qwen2")
+
+
+def supports(model: Any) -> str | None:
+    """None when the lean path can run this model exactly, else the reason it cannot."""
+    cfg = model.config
+    if cfg.model_type not in SUPPORTED:
+        return f"model_type {cfg.model_type}"
+    rope = getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in (None, "default"):
+        return f"rope scaling {rope_type}"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"activation {cfg.hidden_act}"
+    if getattr(cfg, "use_sliding_window", False):
+        return "sliding-window attention"
+    if getattr(cfg, "mlp_bias", False):
+        return "MLP bias"
+    return None
+
+
+def _rope_theta(cfg) -> float:
+    theta = getattr(cfg, "rope_theta", None)
+    params = getattr(cfg, "rope_parameters", None)
+    if theta is None and isinstance(params, dict):
+        theta = params.get("rope_theta")
+    return float(theta or 10000.0)
+
+
+class LeanLM:
+    """Drop-in for CachedLM: tokens, forward(new, keep_logits), truncate(n), prefill(tokens), reset()."""
+
+    def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None, max_len: int = 4096):
+        why = supports(model)
+        if why:
+            raise ValueError(f"lean decoder cannot run this model: {why}")
+        cfg = model.config
+        self.device, self.vocab_limit, self.max_len = device, vocab_limit, max_len
+        self.capacity = max_len
+        self.tokens: list[int] = []
+        self.forwards = 0
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = getattr(cfg, "num_key_value_heads", None) or self.n_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
+        self.eps = cfg.rms_norm_eps
+        dtype = next(model.parameters()).dtype
+        base = model.model
+        self.embed = base.embed_tokens.weight.detach()
+        self.final_norm = base.norm.weight.detach()
+        self.lm_head = model.lm_head.weight.detach()
+        self.layers = []
+        for layer in base.layers:
+            a, m = layer.self_attn, layer.mlp
+            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+            bias = None
+            if a.q_proj.bias is not None:
+                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+            self.layers.append((
+                layer.input_layernorm.weight.detach(), wqkv, bias, a.o_proj.weight.detach(),
+                layer.post_attention_layernorm.weight.detach(),
+                torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(), m.down_proj.weight.detach(),
+            ))
+        self.ffn = base.layers[0].mlp.gate_proj.weight.shape[0]
+        inv = 1.0 / (_rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)  # (L, D/2)
+        emb = torch.cat([angles, angles], -1)
+        self.cos, self.sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)  # (L, D)
+        shape = (len(self.layers), 2, self.n_kv, max_len, self.head_dim)
+        self.kv = torch.zeros(shape, dtype=dtype, device=device)  # (layers, k|v, KVH, L, D)
+        self.model = model
+
+    def reset(self) -> None:
+        self.tokens = []
+
+    def truncate(self, n: int) -> None:
+        del self.tokens[n:]  # positions >= n are simply overwritten later
+
+    def prefill(self, tokens: Sequence[int]) -> tuple[torch.Tensor, int]:
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        reused = min(common_prefix_len(self.tokens, tokens), len(tokens) - 1)
+        self.truncate(reused)
+        logits = self.forward(tokens[reused:], keep_logits=1)
+        return logits[-1], reused
+
+    @staticmethod
+    def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        x32 = x.float()
+        return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = self.head_dim // 2
+        rot = torch.cat([-x[..., half:], x[..., :half]], -1)
+        return x * cos + rot * sin
+
+    @torch.inference_mode()
+    def forward(self, new_tokens: Sequence[int], keep_logits: int | None = None) -> torch.Tensor:
+        """Append tokens; return float32 logits (T', V) of the last `keep_logits` (all by default)."""
+        start, t = len(self.tokens), len(new_tokens)
+        if t == 0:
+            raise ValueError("forward needs at least one token")
+        end = start + t
+        if end > self.max_len:
+            raise ValueError(f"sequence of {end} tokens exceeds the lean cache ({self.max_len})")
+        ids = torch.tensor(list(new_tokens), dtype=torch.long, device=self.device)
+        x = self.embed[ids]  # (T, C)
+        cos, sin = self.cos[start:end], self.sin[start:end]  # (T, D)
+        h, kvh, d = self.n_heads, self.n_kv, self.head_dim
+        group = h // kvh
+        mask = None
+        if t > 1 and start > 0:  # new token i sees the cache and new tokens 0..i
+            mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=start)  # (T, L)
+        for li, (ln1, wqkv, bqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
+            qkv = torch.nn.functional.linear(self._rms(x, ln1, self.eps), wqkv, bqkv)  # (T, (H + 2 KVH) D)
+            q, k, v = qkv.split([h * d, kvh * d, kvh * d], -1)
+            q = self._rotate(q.view(t, h, d).transpose(0, 1), cos, sin)  # (H, T, D)
+            k = self._rotate(k.view(t, kvh, d).transpose(0, 1), cos, sin)  # (KVH, T, D)
+            cache = self.kv[li]
+            cache[0, :, start:end] = k
+            cache[1, :, start:end] = v.view(t, kvh, d).transpose(0, 1)
+            keys, values = cache[0, :, :end], cache[1, :, :end]  # (KVH, L, D)
+            if t == 1:  # decode: the heads sharing a KV head become rows of one query, (KVH, G, D)
+                att = torch.nn.functional.scaled_dot_product_attention(q.reshape(kvh, group, d), keys, values)
+            else:
+                if group > 1:
+                    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+                att = torch.nn.functional.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=mask, is_causal=mask is None)  # (H, T, D)
+            att = att.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, C)
+            x = x + torch.nn.functional.linear(att, wo)
+            gate, up = torch.nn.functional.linear(self._rms(x, ln2, self.eps), wgu).split(self.ffn, -1)
+            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, wdown)
+        if keep_logits:
+            x = x[-keep_logits:]
+        logits = torch.nn.functional.linear(self._rms(x, self.final_norm, self.eps), self.lm_head).float()
+        self.forwards += 1
+        self.tokens.extend(int(tok) for tok in new_tokens)
+        if self.vocab_limit is not None:
+            logits = logits[:, : self.vocab_limit]
+        return logits
