@@ -197,7 +197,7 @@ def train(cfg: TrainConfig) -> dict:
         now = time.perf_counter()
         if step % 20 == 0:
             tps = step * cfg.batch * cfg.seq / (now - t0)
-            print(f"\rstep {step} loss target {float(loss_t):.3f} draft {float(ce_d):.3f} kl {float(kl):.3f} "
+            print(f"\rstep {step} loss target {loss_t.item():.3f} draft {ce_d.item():.3f} kl {kl.item():.3f} "
                   f"{tps:.0f} tok/s {100 * frac:.0f}%", end="", file=sys.stderr, flush=True)
         if now - last_eval > cfg.eval_every_s:
             target.eval(), draft.eval()
