@@ -26,6 +26,16 @@ def _complete(args: argparse.Namespace) -> int:
     return run_complete(args)
 
 
+def _train(args: argparse.Namespace) -> int:
+    from engine.train import TrainConfig, train
+
+    defaults = TrainConfig()
+    cfg = TrainConfig(out=args.out or defaults.out, minutes=args.minutes, resume=args.resume, seed=args.seed,
+                      threads=args.threads)
+    train(cfg)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="draftline",
@@ -37,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the LSP server (stdio unless --tcp)")
     serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
     serve.add_argument("--tcp", metavar="HOST:PORT", help="listen on a TCP address instead of stdio")
-    serve.add_argument("--config", type=Path, default=None, help="user config TOML (default ~/.config/draftline/config.toml)")
+    serve.add_argument("--config", type=Path, default=None,
+                       help="user config TOML (default ~/.config/draftline/config.toml)")
     serve.set_defaults(func=_serve)
 
     complete = sub.add_parser("complete", help="complete at FILE:LINE:COL (1-based) and print text and stats")
@@ -49,6 +60,14 @@ def build_parser() -> argparse.ArgumentParser:
     complete.add_argument("--mode", choices=["auto", "single", "multi"], default=None)
     complete.add_argument("--config", type=Path, default=None, help="user config TOML")
     complete.set_defaults(func=_complete)
+
+    tr = sub.add_parser("train", help="train (or --resume) the bundled tokenizer, target and distilled draft")
+    tr.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of this run")
+    tr.add_argument("--out", help="where the HF model directories go (default: the package's engine/models)")
+    tr.add_argument("--resume", action="store_true", help="continue from the models (and optimizer) in --out")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    tr.set_defaults(func=_train)
 
     bench = sub.add_parser("bench", help="benchmarks (each prints the numbers the README quotes)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")

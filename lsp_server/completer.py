@@ -1,0 +1,376 @@
+"""Snapshot to suggestion: windows, retrieval, engine, post-processing, caches (LSP and `draftline complete`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import sys
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from engine.types import CompletionRequest, CompletionResult, CompletionStats, Limits, Snippet
+from lsp_server import postprocess
+from lsp_server.config import WORKSPACE_FILE, CompletionConfig, Config, IndexConfig, ModelConfig, resolve_config
+from lsp_server.documents import Snapshot, display_path, prefix_window, suffix_window, uri_to_path
+
+log = logging.getLogger(__name__)
+
+
+class Chunk(Protocol):
+    path: str
+    start_line: int
+    end_line: int
+    text: str
+
+
+class Retriever(Protocol):
+    """Workspace search as the completer needs it (indexer.Index satisfies it)."""
+
+    def search(self, query: str, k: int, exclude: str | None = None) -> Sequence[Chunk]: ...
+
+
+class Engine(Protocol):
+    def complete(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult: ...
+
+
+def make_engine(model: ModelConfig) -> Engine:
+    """The engine configuration asks for (slow for real models: call off the event loop)."""
+    if model.target == "fake":
+        if model.fake_fail_load:
+            raise RuntimeError("fake engine configured to fail loading")
+        from engine.fake import FakeEngine
+
+        return FakeEngine(step_s=model.fake_step_s, text=model.fake_text)
+    target, draft = model.target, model.draft
+    if not target:
+        from engine.bundled import bundled_pair
+
+        pair = bundled_pair()
+        if pair is None:
+            raise ValueError("no model configured (set model.target; this build bundles no model pair)")
+        target, draft = pair
+    from engine.engine import load_engine  # torch lives behind this import
+
+    return load_engine(target, draft, **dict(model.options))
+
+
+@dataclass
+class Completion:
+    """A post-processed suggestion with what it cost."""
+
+    text: str
+    request: CompletionRequest
+    result: CompletionResult | None = None
+    chunks: tuple[Snippet, ...] = ()
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    source: str = "engine"  # engine | cache | type-through
+
+
+def build_request(snap: Snapshot, cfg: CompletionConfig) -> CompletionRequest:
+    """The engine request for a snapshot (without snippets; those come at run time)."""
+    mode = postprocess.choose_mode(snap.before, snap.after, cfg.mode)
+    max_lines = 1 if mode == "single-line" else cfg.max_lines_multi
+    limits = Limits(max_tokens=cfg.max_tokens, max_lines=max_lines, time_budget_s=cfg.time_budget_s)
+    return CompletionRequest(
+        prefix=prefix_window(snap.before, cfg.prefix_chars, cfg.window_quantum),
+        suffix=suffix_window(snap.after, cfg.suffix_chars),
+        uri=snap.uri,
+        version=snap.version,
+        language=snap.language,
+        path=snap.path,
+        mode=mode,
+        limits=limits,
+    )
+
+
+def retrieval_query(request: CompletionRequest, lines: int) -> str:
+    before = request.prefix.split("\n")[-lines:]
+    after = request.suffix.split("\n")[:2]
+    return "\n".join(before + after)
+
+
+class Completer:
+    """Runs one completion on the calling (engine) thread; pure apart from the engine."""
+
+    def __init__(self, engine: Engine, cfg: CompletionConfig, retriever: Retriever | None = None,
+                 roots: Sequence[Path] = ()):
+        self.engine = engine
+        self.cfg = cfg
+        self.retriever = retriever
+        self.roots = roots  # snippet paths are shown to the model relative to these
+
+    def complete(self, request: CompletionRequest, cancel: threading.Event) -> Completion:
+        started = time.perf_counter()
+        chunks = self._retrieve(request)
+        retrieved = time.perf_counter()
+        result = self.engine.complete(replace(request, snippets=chunks), cancel)
+        text = "" if result.cancelled else self.shape(result.text, request)
+        total = time.perf_counter()
+        return Completion(text, request, result, chunks, _timings(started, retrieved, total, result.stats))
+
+    def shape(self, text: str, request: CompletionRequest) -> str:
+        return postprocess.postprocess(text, request.prefix, request.suffix, request.mode, request.limits.max_lines)
+
+    def _retrieve(self, request: CompletionRequest) -> tuple[Snippet, ...]:
+        if self.retriever is None or self.cfg.snippets <= 0:
+            return ()
+        try:
+            query = retrieval_query(request, self.cfg.query_lines)
+            found = self.retriever.search(query, self.cfg.snippets, exclude=uri_to_path(request.uri) or request.path)
+        except Exception:  # a broken index must not break completion
+            log.exception("retrieval failed")
+            return ()
+        return tuple(Snippet(display_path(c.path, self.roots), c.text, c.start_line, c.end_line) for c in found)
+
+
+def _timings(started: float, retrieved: float, total: float, stats: CompletionStats) -> dict[str, float]:
+    engine_s = total - retrieved
+    prefill = min(stats.prefill_s, engine_s)
+    return {
+        "total": (total - started) * 1e3,
+        "retrieve": (retrieved - started) * 1e3,
+        "prefill": prefill * 1e3,
+        "decode": max(engine_s - prefill, 0.0) * 1e3,
+    }
+
+
+@dataclass
+class _Shown:
+    before: str
+    after_head: str
+    text: str
+
+
+class SuggestionCache:
+    """Answers without the engine: type-through of the last suggestion, and an LRU of results."""
+
+    def __init__(self, size: int = 1000, suffix_head: int = 200):
+        self._size = size
+        self._suffix_head = suffix_head
+        self._lru: OrderedDict[bytes, str] = OrderedDict()
+        self._shown: dict[str, _Shown] = {}
+
+    def lookup(self, snap: Snapshot, request: CompletionRequest) -> tuple[str, str] | None:
+        """(text, source) when the cache can answer at once."""
+        rest = self._type_through(snap)
+        if rest:
+            return rest, "type-through"
+        text = self._lru.get(_key(request))
+        if text:
+            self._lru.move_to_end(_key(request))
+            return text, "cache"
+        return None
+
+    def remember(self, snap: Snapshot, request: CompletionRequest, text: str) -> None:
+        if not text:
+            return
+        self._lru[_key(request)] = text
+        self._lru.move_to_end(_key(request))
+        while len(self._lru) > self._size:
+            self._lru.popitem(last=False)
+        self.shown(snap, text)
+
+    def shown(self, snap: Snapshot, text: str) -> None:
+        self._shown[snap.uri] = _Shown(snap.before, snap.after[: self._suffix_head], text)
+
+    def forget(self, uri: str) -> None:
+        self._shown.pop(uri, None)
+
+    def _type_through(self, snap: Snapshot) -> str:
+        last = self._shown.get(snap.uri)
+        if last is None or len(snap.before) <= len(last.before):
+            return ""
+        if snap.after[: self._suffix_head] != last.after_head or not snap.before.startswith(last.before):
+            return ""
+        typed = snap.before[len(last.before) :]
+        return last.text[len(typed) :] if last.text.startswith(typed) else ""
+
+
+def _key(request: CompletionRequest) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for part in (request.mode, request.path, request.prefix, "\x00", request.suffix):
+        h.update(part.encode("utf-8", "surrogatepass"))
+    return h.digest()
+
+
+def describe(completion: Completion) -> dict[str, Any]:
+    """The JSON shape of ``draftline complete --json``."""
+    stats = completion.result.stats if completion.result else CompletionStats()
+    return {
+        "text": completion.text,
+        "source": completion.source,
+        "mode": completion.request.mode,
+        "chunks": [{"path": c.path, "start_line": c.start_line, "end_line": c.end_line} for c in completion.chunks],
+        "timings_ms": {k: round(v, 3) for k, v in completion.timings_ms.items()},
+        "stats": {
+            "prompt_tokens": stats.prompt_tokens,
+            "reused_tokens": stats.reused_tokens,
+            "proposed": sum(stats.proposed),
+            "accepted": sum(stats.accepted),
+            "generated_tokens": stats.generated_tokens,
+            "acceptance": round(stats.acceptance, 4),
+        },
+        "stop_reason": completion.result.stop_reason if completion.result else "",
+    }
+
+
+def parse_location(location: str) -> tuple[Path, int, int]:
+    """``FILE:LINE:COL`` (1-based) to (path, 0-based line, 0-based column)."""
+    path, line, col = location.rsplit(":", 2)
+    return Path(path), max(int(line) - 1, 0), max(int(col) - 1, 0)
+
+
+def complete_file(path: Path, line: int, col: int, config: Config, retriever: Retriever | None = None) -> Completion:
+    """One completion at a 0-based position of a file on disk (the CLI path, no LSP)."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines(keepends=True)
+    offset = sum(len(s) for s in lines[:line]) + min(col, len(lines[line].rstrip("\r\n")) if line < len(lines) else 0)
+    roots = [Path(r) for r in getattr(retriever, "roots", ())]
+    snap = Snapshot(uri=path.resolve().as_uri(), version=0, language=path.suffix.lstrip("."),
+                    path=display_path(str(path.resolve()), roots), before=text[:offset], after=text[offset:])
+    engine = make_engine(config.model)
+    completer = Completer(engine, config.completion, retriever, roots)
+    return completer.complete(build_request(snap, config.completion), threading.Event())
+
+
+def run_complete(args: Any) -> int:
+    """``draftline complete FILE:LINE:COL``: print the suggestion and its stats."""
+    path, line, col = parse_location(args.location)
+    workspace = args.workspace or find_workspace(path)
+    cli: dict[str, Any] = {"model": {k: v for k, v in (("target", args.target), ("draft", args.draft)) if v}}
+    if args.mode:
+        cli["completion"] = {"mode": args.mode}
+    roots = [workspace] if workspace is not None else []
+    config = resolve_config(user_file=args.config, workspace_roots=roots, client_settings=cli)
+    if not config.model.target and not _has_bundled_pair():
+        print("draftline complete: --target is required (a model path or hub id, or 'fake')", file=sys.stderr)
+        return 2
+    index = open_index([workspace.resolve()], config.index) if workspace is not None else None
+    if index is not None:
+        index.build()
+    try:
+        completion = complete_file(path, line, col, config, index)
+    finally:
+        if index is not None and hasattr(index, "close"):
+            index.close()
+    if args.json:
+        print(json.dumps(describe(completion), indent=2))
+    else:
+        print(completion.text)
+        info = describe(completion)
+        summary = {key: info[key] for key in ("timings_ms", "stats", "chunks")}
+        print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+def _has_bundled_pair() -> bool:
+    from engine.bundled import bundled_pair
+
+    return bundled_pair() is not None
+
+
+def find_workspace(path: Path) -> Path | None:
+    """The nearest ancestor holding .git or .draftline.toml; None (no retrieval) when there is none."""
+    for parent in path.resolve().parents:
+        if (parent / ".git").exists() or (parent / WORKSPACE_FILE).is_file():
+            return parent
+    return None
+
+
+def open_index(roots: Sequence[Path], cfg: IndexConfig) -> Retriever | None:
+    """The workspace index (indexer.Index, not yet built), or None when disabled, rootless or unavailable."""
+    if not cfg.enabled or not roots:
+        return None
+    try:
+        import indexer
+    except ImportError:
+        log.info("no indexer available: completing without retrieval")
+        return None
+    options = _index_options(indexer.IndexConfig, cfg.options)
+    try:
+        return indexer.Index(list(roots), options)
+    except Exception:
+        log.exception("index with its embedder failed to open; trying BM25 only")
+    try:
+        return indexer.Index(list(roots), options, embedder=None)
+    except Exception:
+        log.exception("index failed to open: completing without retrieval")
+        return None
+
+
+class IndexHandle:
+    """The optional workspace index: opened and built off the loop, fed file events, never fatal.
+
+    It is itself a Retriever (empty until the index is open), so the completer holds it from the start.
+    """
+
+    def __init__(self) -> None:
+        self.index: Any = None
+        self.state = "none"  # none | building | ready | failed
+
+    def open_and_build(self, roots: Sequence[Path], cfg: IndexConfig, progress: Any = None) -> None:
+        """Blocking: run on a worker thread."""
+        index = open_index(roots, cfg)
+        if index is None:
+            return
+        self.index, self.state = index, "building"
+        try:
+            index.build(progress)
+            self.state = "ready"
+        except Exception:
+            log.exception("indexing failed")
+            self.state = "failed"
+
+    def search(self, query: str, k: int, exclude: str | None = None) -> Sequence[Chunk]:
+        return self.index.search(query, k, exclude=exclude) if self.index is not None else []
+
+    def touch(self, path: str, text: str | None = None) -> None:
+        self._call("touch", path, text)
+
+    def remove(self, path: str) -> None:
+        self._call("remove", path)
+
+    def _call(self, method: str, *args: Any) -> None:
+        if self.index is None:
+            return
+        try:
+            getattr(self.index, method)(*args)
+        except Exception:
+            log.exception("index %s failed for %s", method, args[0])
+
+    def stats(self) -> dict[str, Any]:
+        if self.index is None:
+            return {"state": self.state}
+        try:
+            stats = self.index.stats()
+            numbers = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
+            return {"state": self.state, **numbers}
+        except Exception as exc:
+            return {"state": "error", "error": str(exc)}
+
+    def close(self) -> None:
+        if self.index is not None and hasattr(self.index, "close"):
+            self.index.close()
+
+
+def _index_options(cls: type, options: Mapping[str, Any]) -> Any:
+    """The indexer's own config from our ``[index.options]`` table (lists become tuples, paths Paths)."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in known:
+            log.warning("index option %r unknown to the indexer", key)
+            continue
+        if isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, str) and "Path" in str(known[key].type):
+            value = Path(value).expanduser()
+        kwargs[key] = value
+    return cls(**kwargs)

@@ -1,0 +1,153 @@
+"""Server configuration: frozen dataclasses with every default once, and the one precedence merge."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+log = logging.getLogger(__name__)
+
+SECTION = "draftline"  # key under which clients nest our settings (optional)
+WORKSPACE_FILE = ".draftline.toml"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which engine completes. ``target="fake"`` selects the torch-free FakeEngine."""
+
+    target: str = ""  # "" = no model configured (requests answer empty)
+    draft: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)  # passed to engine.engine.load_engine
+    fake_step_s: float = 0.0  # FakeEngine: seconds per step (cancellation tests)
+    fake_text: str | None = None  # FakeEngine: fixed completion text
+    fake_fail_load: bool = False  # FakeEngine: raise while loading (load-failure tests)
+
+
+@dataclass(frozen=True)
+class CompletionConfig:
+    """How a completion is asked for and shaped."""
+
+    mode: Literal["auto", "single", "multi"] = "auto"
+    debounce_ms: float = 25.0
+    prefix_chars: int = 6000  # local window before the cursor (the engine budgets tokens)
+    suffix_chars: int = 1500
+    window_quantum: int = 512  # the prefix window start moves in steps of this (cache reuse)
+    max_tokens: int = 96
+    max_lines_multi: int = 12
+    time_budget_s: float = 0.0
+    snippets: int = 4  # retrieved chunks per request
+    query_lines: int = 8  # lines around the cursor that form the retrieval query
+    cache_size: int = 1000  # LRU of recent results
+    fallback: Literal["auto", "always", "never"] = "auto"  # textDocument/completion; auto: only for
+    # clients without inline completion (else both requests would run and cancel each other)
+
+
+@dataclass(frozen=True)
+class IndexConfig:
+    """Whether and how the workspace is indexed (the rest is the indexer's own config)."""
+
+    enabled: bool = True
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything the server reads from configuration."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    completion: CompletionConfig = field(default_factory=CompletionConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+
+
+def user_config_path() -> Path:
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "draftline" / "config.toml"
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file as a dict; missing or broken files are an empty layer (logged)."""
+    try:
+        with path.open("rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError:
+        return {}
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        log.warning("ignoring config %s: %s", path, exc)
+        return {}
+
+
+def resolve_config(
+    *,
+    user_file: Path | None = None,
+    workspace_roots: Sequence[Path] = (),
+    init_options: Mapping[str, Any] | None = None,
+    client_settings: Mapping[str, Any] | None = None,
+) -> Config:
+    """defaults < user TOML < workspace TOML(s) < initializationOptions < didChangeConfiguration."""
+    layers: list[Mapping[str, Any]] = [read_toml(user_file or user_config_path())]
+    layers += [read_toml(root / WORKSPACE_FILE) for root in workspace_roots]
+    layers += [_unwrap(init_options), _unwrap(client_settings)]
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        _deep_merge(merged, layer)
+    return _build(Config, merged)
+
+
+def _unwrap(layer: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if not isinstance(layer, Mapping):
+        return {}
+    inner = layer.get(SECTION)
+    return inner if isinstance(inner, Mapping) else layer
+
+
+def _deep_merge(into: dict[str, Any], layer: Mapping[str, Any]) -> None:
+    for key, value in layer.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _deep_merge(into[key], value)
+        elif isinstance(value, Mapping):
+            into[key] = {}
+            _deep_merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _build(cls: type, data: Mapping[str, Any]) -> Any:
+    """Build a dataclass from a dict, keeping defaults for unknown or ill-typed values."""
+    kwargs: dict[str, Any] = {}
+    defaults = cls()
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        value, default = data[f.name], getattr(defaults, f.name)
+        if dataclasses.is_dataclass(default):
+            if isinstance(value, Mapping):
+                kwargs[f.name] = _build(type(default), value)
+            continue
+        coerced = _coerce(value, default)
+        if coerced is None and default is not None and value is not None:
+            log.warning("config %s.%s: ignoring %r", cls.__name__, f.name, value)
+            continue
+        kwargs[f.name] = coerced
+    for key in set(data) - {f.name for f in dataclasses.fields(cls)}:
+        log.warning("config %s: unknown key %r", cls.__name__, key)
+    return cls(**kwargs)
+
+
+def _coerce(value: Any, default: Any) -> Any:
+    if default is None or value is None:
+        return value
+    if isinstance(default, bool):
+        return value if isinstance(value, bool) else None
+    if isinstance(default, (int, float)) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return type(default)(value)
+    if isinstance(default, str):
+        return value if isinstance(value, str) else None
+    if isinstance(default, Mapping):
+        return dict(value) if isinstance(value, Mapping) else None
+    return None

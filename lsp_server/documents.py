@@ -1,0 +1,122 @@
+"""LSP documents to completion snapshots and back to items: offsets, windows, paths, ranges."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from lsprotocol import types as t
+from lsprotocol.types import Position
+from pygls.uris import to_fs_path
+from pygls.workspace import TextDocument
+
+
+ACCEPT_COMMAND = "draftline.didAcceptCompletionItem"  # run by the client after an accept
+WORD_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The document around the cursor, as it was when the request arrived."""
+
+    uri: str
+    version: int
+    language: str
+    path: str  # workspace-relative when the file is inside a root, else absolute (or the uri)
+    before: str  # whole text before the cursor
+    after: str  # whole text after the cursor
+
+
+def snapshot(doc: TextDocument, line: int, character: int, roots: Sequence[Path]) -> Snapshot | None:
+    """The snapshot at a client position, or None when the position is outside the document."""
+    lines = doc.lines
+    if line < 0 or character < 0 or line > len(lines):
+        return None
+    if line == len(lines) and character > 0:
+        return None
+    offset = doc.offset_at_position(Position(line=line, character=character))
+    source = doc.source
+    line_text = lines[line].rstrip("\r\n") if line < len(lines) else ""
+    line_start = sum(len(text) for text in lines[:line])
+    offset = min(offset, line_start + len(line_text))  # clamp past-end-of-line positions
+    return Snapshot(
+        uri=doc.uri,
+        version=doc.version or 0,
+        language=doc.language_id or "",
+        path=relative_path(doc.uri, roots),
+        before=source[:offset],
+        after=source[offset:],
+    )
+
+
+def uri_to_path(uri: str) -> str | None:
+    return to_fs_path(uri) if uri.startswith("file:") else None
+
+
+def relative_path(uri: str, roots: Sequence[Path]) -> str:
+    fs = uri_to_path(uri)
+    return display_path(fs, roots) if fs is not None else uri
+
+
+def display_path(fs: str, roots: Sequence[Path]) -> str:
+    """A file path relative to the innermost workspace root containing it (else as given)."""
+    path = Path(fs)
+    for root in sorted(roots, key=lambda r: len(str(r)), reverse=True):
+        try:
+            return path.relative_to(root).as_posix()
+        except ValueError:
+            continue
+    return path.as_posix()
+
+
+def prefix_window(before: str, budget: int, quantum: int) -> str:
+    """The last ``budget`` characters before the cursor, starting at a line boundary.
+
+    The start moves in ``quantum`` steps, so consecutive keystrokes keep the same window start
+    (and the engine keeps its prompt cache) until the text outgrows the step.
+    """
+    if len(before) <= budget:
+        return before
+    start = len(before) - budget
+    if quantum > 0:
+        start = -(-start // quantum) * quantum
+    newline = before.find("\n", start)
+    return before[newline + 1 :] if newline != -1 else before[start:]
+
+
+def suffix_window(after: str, budget: int) -> str:
+    if len(after) <= budget:
+        return after
+    cut = after.rfind("\n", 0, budget)
+    return after[: cut + 1] if cut > 0 else after[:budget]
+
+
+def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str) -> Snapshot | None:
+    """The snapshot as if the completion-popup item ``text`` replaced ``rng`` (LSP 3.18 rule)."""
+    if rng.start.line != rng.end.line:
+        return None
+    start = doc.offset_at_position(rng.start)
+    cut = len(snap.before) - start
+    if cut < 0:
+        return None
+    return Snapshot(snap.uri, snap.version, snap.language, snap.path, snap.before[:start] + text, snap.after)
+
+
+def inline_item(snap: Snapshot, position: t.Position, text: str, selected: t.SelectedCompletionInfo | None):
+    rng = selected.range if selected else t.Range(start=position, end=position)
+    insert = (selected.text if selected else "") + text
+    arguments = [{"uri": snap.uri, "chars": len(insert)}]
+    command = t.Command(title="draftline accepted", command=ACCEPT_COMMAND, arguments=arguments)
+    return t.InlineCompletionItem(insert_text=insert, range=rng, command=command)
+
+
+def completion_item(doc, snap: Snapshot, position: t.Position, text: str) -> t.CompletionItem:
+    """One item whose edit replaces the word being typed with word + completion (so it filters)."""
+    line = snap.before.rsplit("\n", 1)[-1]
+    word = line[len(line.rstrip(WORD_CHARS)) :]
+    start = t.Position(line=position.line, character=position.character - doc.position_codec.client_num_units(word))
+    label = (word + text).strip().split("\n", 1)[0][:80] or text.strip()[:80]
+    edit = t.TextEdit(range=t.Range(start=start, end=position), new_text=word + text)
+    return t.CompletionItem(label=label, kind=t.CompletionItemKind.Text, text_edit=edit, filter_text=word + text,
+                            detail="draftline", sort_text="0")

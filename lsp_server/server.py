@@ -1,0 +1,424 @@
+"""Every LSP handler: protocol types to domain types, capabilities, engine loading, live metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+from lsprotocol import types as t
+from pygls.lsp.server import LanguageServer
+from pygls.protocol import JsonRPCNotification, LanguageServerProtocol
+from pygls.exceptions import JsonRpcInvalidParams
+from pygls.uris import to_fs_path
+
+from lsp_server.completer import Completer, IndexHandle, SuggestionCache, build_request, make_engine
+from lsp_server.config import Config, resolve_config
+from lsp_server.documents import ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, with_selection
+from lsp_server.scheduler import Scheduler, Telemetry, rss_mb
+
+log = logging.getLogger(__name__)
+
+STATUS = "draftline/status"
+DID_SHOW = "textDocument/didShowCompletion"
+DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
+
+
+class DraftlineProtocol(LanguageServerProtocol):
+    """pygls' protocol, but a request whose params do not parse gets -32602 instead of silence."""
+
+    def structure_message(self, data: dict[str, Any]):
+        try:
+            return super().structure_message(data)
+        except Exception as exc:
+            if "jsonrpc" not in data or "id" not in data or "method" not in data:
+                raise
+            error = JsonRpcInvalidParams(f"invalid params for {data.get('method')}: {exc.__cause__ or exc}")
+            self._send_response(data["id"], error=error.to_response_error())
+            return JsonRPCNotification(method="$/draftline/answeredInvalid", jsonrpc="2.0", params=None)
+
+
+@dataclass
+class EngineSlot:
+    """Where the model stands: empty | loading | ready | failed."""
+
+    state: str = "empty"
+    completer: Completer | None = None
+    error: str = ""
+
+
+class Draftline:
+    """Server state owned by the event loop; the engine lives on the scheduler's thread."""
+
+    def __init__(self, ls: LanguageServer, user_config: Path | None = None):
+        self.ls = ls
+        self.user_config = user_config
+        self.config = Config()
+        self.init_options: Any = None
+        self.client_settings: dict[str, Any] | None = None  # the last didChangeConfiguration push
+        self.scheduler = Scheduler()
+        self.cache = SuggestionCache()
+        self.telemetry = Telemetry()
+        self.slot = EngineSlot()
+        self.index = IndexHandle()  # a Retriever that is empty until the workspace index is open
+        self.roots: list[Path] = []
+        self.last_chunks: list[str] = []  # where the last engine answer's snippets came from
+
+    # -- configuration and the engine ------------------------------------------------------------
+    def configure(self, client_settings: Any = None) -> None:
+        """Re-resolve every layer; a push without a settings object keeps the last one."""
+        if isinstance(client_settings, dict):
+            self.client_settings = client_settings
+        old = self.config
+        self.config = resolve_config(
+            user_file=self.user_config,
+            workspace_roots=self.roots,
+            init_options=self.init_options,
+            client_settings=self.client_settings,
+        )
+        if old != self.config:  # other settings or another model: old suggestions do not hold
+            self.cache = SuggestionCache(self.config.completion.cache_size)
+        if self.slot.completer is not None:
+            self.slot.completer.cfg = self.config.completion
+        if self.slot.state == "empty" or old.model != self.config.model:
+            self.slot = EngineSlot("loading")  # from now on requests answer empty until ready
+            asyncio.ensure_future(self.load_engine(self.config))
+
+    async def load_engine(self, config: Config) -> None:
+        try:
+            engine = await self.scheduler.call(lambda: make_engine(config.model))
+        except Exception as exc:
+            log.exception("model failed to load")
+            if config.model != self.config.model:
+                return  # superseded by another model while loading
+            self.slot = EngineSlot("failed", error=f"{type(exc).__name__}: {exc}")
+            message = f"draftline: model {config.model.target!r} failed to load: {self.slot.error}"
+            self.ls.window_show_message(t.ShowMessageParams(type=t.MessageType.Error, message=message))
+            return
+        if config.model == self.config.model:
+            self.slot = EngineSlot("ready", Completer(engine, self.config.completion, self.index, self.roots))
+            log.info("model %r ready", config.model.target)
+
+    # -- completion ------------------------------------------------------------------------------
+    def document(self, uri: str):
+        return self.ls.workspace.text_documents.get(unquote(uri))
+
+    def is_current(self, uri: str, version: int) -> bool:
+        doc = self.document(uri)
+        return doc is not None and (doc.version or 0) == version
+
+    async def suggest(self, uri: str, position: t.Position, selected: t.SelectedCompletionInfo | None = None):
+        """(snapshot, text) for a cursor, or None (empty answer). Never raises but CancelledError."""
+        started = time.perf_counter()
+        self.telemetry.requests += 1
+        try:
+            found = await self._suggest(uri, position, selected)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("completion failed")
+            self.telemetry.errors += 1
+            found = None
+        finally:
+            self.telemetry.latencies_ms.append((time.perf_counter() - started) * 1e3)
+        if found is None:
+            self.telemetry.empty += 1
+        else:
+            self.telemetry.answered += 1
+        return found
+
+    async def _suggest(self, uri: str, position: t.Position, selected: t.SelectedCompletionInfo | None):
+        doc = self.document(uri)
+        snap = doc and snapshot(doc, position.line, position.character, self.roots)
+        if snap and selected is not None:
+            snap = with_selection(snap, doc, selected.range, selected.text)
+        if not snap:
+            return None
+        request = build_request(snap, self.config.completion)
+        hit = self.cache.lookup(snap, request)
+        if hit is not None:
+            self._count_hit(hit[1])
+            self.cache.shown(snap, hit[0])
+            return snap, hit[0]
+        text = await self._generate(snap, request)
+        return (snap, text) if text else None
+
+    async def _generate(self, snap: Snapshot, request) -> str:
+        """The engine's text for a snapshot; "" when not ready, superseded, cancelled or stale."""
+        completer = self.slot.completer
+        if completer is None:
+            return ""
+
+        def job(cancel):  # on the engine thread: never start for a version that already moved
+            return completer.complete(request, cancel) if self.is_current(snap.uri, snap.version) else None
+
+        done = await self.scheduler.submit(unquote(snap.uri), job, self.config.completion.debounce_ms / 1e3)
+        if done is not None and done.result is not None and done.result.cancelled:
+            self.telemetry.engine_cancelled += 1
+        if done is None or not done.text or (done.result and done.result.cancelled):
+            return ""
+        if not self.is_current(snap.uri, snap.version):
+            self.telemetry.stale += 1
+            return ""
+        self.cache.remember(snap, request, done.text)
+        self.last_chunks = [f"{c.path}:{c.start_line}-{c.end_line}" for c in done.chunks]
+        return done.text
+
+    def wants_fallback(self) -> bool:
+        """Answer textDocument/completion? By default only for clients without inline completion."""
+        setting = self.config.completion.fallback
+        text_caps = self.ls.client_capabilities.text_document
+        return setting == "always" or (setting == "auto" and not (text_caps and text_caps.inline_completion))
+
+    def _count_hit(self, source: str) -> None:
+        if source == "type-through":
+            self.telemetry.type_through += 1
+        else:
+            self.telemetry.cache_hits += 1
+
+    # -- documents and the index -----------------------------------------------------------------
+    async def start_index(self) -> None:
+        """Open and build the workspace index on a worker thread; retrieval uses it once open."""
+        if not (self.config.index.enabled and self.roots):
+            return
+        loop = asyncio.get_running_loop()
+        progress = IndexProgress(self.ls, loop) if self._client_shows_progress() else None
+        if progress is not None:
+            await progress.start()
+        try:
+            report = progress.report if progress else None
+            await in_daemon_thread(self.index.open_and_build, list(self.roots), self.config.index, report)
+        finally:
+            if progress is not None:
+                progress.end()
+
+    def _client_shows_progress(self) -> bool:
+        window = self.ls.client_capabilities.window
+        return bool(window and window.work_done_progress)
+
+    def close(self) -> None:
+        self.scheduler.close()
+        self.index.close()
+
+    def edited(self, uri: str, text: str | None) -> None:
+        """Every open/change: stop what runs for this document now, then refresh the index overlay."""
+        self.scheduler.cancel(unquote(uri))  # scheduler keys are unquoted, like pygls' documents
+        self.index_touch(uri, text)
+
+    def index_touch(self, uri: str, text: str | None) -> None:
+        path = to_fs_path(uri)
+        if path:
+            self.index.touch(path, text)
+
+    def file_event(self, event: t.FileEvent) -> None:
+        path = to_fs_path(event.uri)
+        if path and event.type == t.FileChangeType.Deleted:
+            self.index.remove(path)
+        elif path:
+            self.index.touch(path, None)
+
+    def set_roots(self, params: t.InitializeParams) -> None:
+        folders = params.workspace_folders or []
+        uris = [f.uri for f in folders] or [u for u in (params.root_uri,) if u]
+        self.roots = [Path(p) for p in (to_fs_path(u) for u in uris) if p]
+        if not self.roots and params.root_path:
+            self.roots = [Path(params.root_path)]
+
+    # -- status ----------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        tel, sched = self.telemetry, self.scheduler.stats
+        return {
+            "engine": {"state": self.slot.state, "target": self.config.model.target, "error": self.slot.error},
+            "requests": tel.requests,
+            "answered": tel.answered,
+            "empty": tel.empty,
+            "cancellations": sched.cancelled,
+            "engine_cancelled": tel.engine_cancelled,
+            "superseded": sched.superseded,
+            "stale": tel.stale,
+            "errors": tel.errors,
+            "cache_hits": tel.cache_hits,
+            "type_through": tel.type_through,
+            "latency_ms": tel.latency(),
+            "generations": {
+                "started": sched.started, "in_flight": sched.in_flight, "max_in_flight": sched.max_in_flight,
+            },
+            "shown": tel.shown,
+            "accepted": tel.accepted,
+            "partially_accepted": tel.partially_accepted,
+            "accepted_chars": tel.accepted_chars,
+            "acceptance_rate": tel.acceptance(),
+            "index": self.index.stats(),
+            "memory": {"rss_mb": round(rss_mb(), 1)},
+            "documents": len(self.ls.workspace.text_documents) if self.ls.protocol._workspace else 0,
+            "roots": [str(r) for r in self.roots],
+            "last_chunks": self.last_chunks,
+        }
+
+
+async def in_daemon_thread(fn: Any, *args: Any) -> None:
+    """Run ``fn`` on a daemon thread (a long indexing run must not keep an exiting server alive)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+
+    def work() -> None:
+        try:
+            fn(*args)
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop may be gone at exit
+                loop.call_soon_threadsafe(lambda: done.done() or done.set_result(None))
+
+    threading.Thread(target=work, name="draftline-index-build", daemon=True).start()
+    await done
+
+
+class IndexProgress:
+    """``$/progress`` for the initial indexing, fed from the indexer's thread."""
+
+    def __init__(self, ls: LanguageServer, loop: asyncio.AbstractEventLoop):
+        self.ls, self.loop, self.token, self.ok, self.last = ls, loop, str(uuid.uuid4()), False, -1
+
+    async def start(self) -> None:
+        try:
+            await self.ls.work_done_progress.create_async(self.token)
+        except Exception:
+            log.warning("client refused a progress token")
+            return
+        self.ok = True
+        self.ls.work_done_progress.begin(self.token, t.WorkDoneProgressBegin(title="draftline: indexing", percentage=0))
+
+    def report(self, done: int, total: int, message: str = "") -> None:
+        percent = int(100 * done / total) if total else 100
+        if self.ok and percent != self.last:
+            self.last = percent
+            value = t.WorkDoneProgressReport(message=f"{done}/{total} files", percentage=percent)
+            self.loop.call_soon_threadsafe(self.ls.work_done_progress.report, self.token, value)
+
+    def end(self) -> None:
+        if self.ok:
+            self.ls.work_done_progress.end(self.token, t.WorkDoneProgressEnd(message="indexed"))
+
+
+def _field(obj: Any, name: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def build_server(user_config: Path | None = None) -> LanguageServer:
+    """The composition root of the LSP side: a server with every handler registered."""
+    ls = LanguageServer("draftline", "0.1.0", protocol_cls=DraftlineProtocol)
+    app = Draftline(ls, user_config)
+
+    @ls.feature(t.INITIALIZE)
+    def initialize(params: t.InitializeParams) -> None:
+        app.set_roots(params)
+        app.init_options = params.initialization_options
+        app.configure()
+
+    @ls.feature(t.INITIALIZED)
+    def initialized(params: t.InitializedParams) -> None:
+        caps = ls.client_capabilities.workspace
+        watched = caps and caps.did_change_watched_files
+        if watched and watched.dynamic_registration:
+            options = t.DidChangeWatchedFilesRegistrationOptions(watchers=[t.FileSystemWatcher(glob_pattern="**/*")])
+            method = t.WORKSPACE_DID_CHANGE_WATCHED_FILES
+            reg = t.Registration(id=str(uuid.uuid4()), method=method, register_options=options)
+            ls.client_register_capability(t.RegistrationParams(registrations=[reg]))
+        asyncio.ensure_future(app.start_index())
+
+    @ls.feature(t.TEXT_DOCUMENT_INLINE_COMPLETION, t.InlineCompletionOptions())
+    async def inline_completion(params: t.InlineCompletionParams) -> t.InlineCompletionList:
+        selected = params.context.selected_completion_info
+        found = await app.suggest(params.text_document.uri, params.position, selected)
+        if found is None:
+            return t.InlineCompletionList(items=[])
+        return t.InlineCompletionList(items=[inline_item(found[0], params.position, found[1], selected)])
+
+    @ls.feature(t.TEXT_DOCUMENT_COMPLETION)
+    async def completion(params: t.CompletionParams) -> t.CompletionList:
+        if not app.wants_fallback():
+            return t.CompletionList(is_incomplete=False, items=[])
+        found = await app.suggest(params.text_document.uri, params.position)
+        doc = app.document(params.text_document.uri)
+        if found is None or doc is None:
+            return t.CompletionList(is_incomplete=True, items=[])
+        return t.CompletionList(is_incomplete=True, items=[completion_item(doc, found[0], params.position, found[1])])
+
+    @ls.feature(t.TEXT_DOCUMENT_DID_OPEN)
+    def did_open(params: t.DidOpenTextDocumentParams) -> None:
+        app.edited(params.text_document.uri, params.text_document.text)
+
+    @ls.feature(t.TEXT_DOCUMENT_DID_CHANGE)
+    def did_change(params: t.DidChangeTextDocumentParams) -> None:
+        doc = app.document(params.text_document.uri)
+        app.edited(params.text_document.uri, doc.source if doc is not None else None)
+
+    @ls.feature(t.TEXT_DOCUMENT_DID_SAVE)
+    def did_save(params: t.DidSaveTextDocumentParams) -> None:
+        app.index_touch(params.text_document.uri, None)
+
+    @ls.feature(t.TEXT_DOCUMENT_DID_CLOSE)
+    def did_close(params: t.DidCloseTextDocumentParams) -> None:
+        app.scheduler.cancel(unquote(params.text_document.uri))
+        app.cache.forget(params.text_document.uri)
+        app.index_touch(params.text_document.uri, None)  # back to the on-disk text
+
+    @ls.feature(t.WORKSPACE_DID_CHANGE_WATCHED_FILES)
+    def did_change_watched_files(params: t.DidChangeWatchedFilesParams) -> None:
+        for event in params.changes:
+            app.file_event(event)
+
+    @ls.feature(t.WORKSPACE_DID_CHANGE_CONFIGURATION)
+    def did_change_configuration(params: t.DidChangeConfigurationParams) -> None:
+        app.configure(params.settings)
+
+    @ls.feature(t.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
+    def did_change_workspace_folders(params: t.DidChangeWorkspaceFoldersParams) -> None:
+        removed = {to_fs_path(f.uri) for f in params.event.removed}
+        app.roots[:] = [r for r in app.roots if str(r) not in removed]  # in place: the completer shares it
+        app.roots += [Path(p) for p in (to_fs_path(f.uri) for f in params.event.added) if p]
+
+    @ls.feature(DID_SHOW)
+    def did_show(params: Any) -> None:
+        app.telemetry.shown += 1
+
+    @ls.feature(DID_PARTIALLY_ACCEPT)
+    def did_partially_accept(params: Any) -> None:
+        app.telemetry.partially_accepted += 1
+        length = _field(params, "acceptedLength", 0)
+        app.telemetry.accepted_chars += length if isinstance(length, int) else 0
+
+    @ls.command(ACCEPT_COMMAND)
+    def did_accept(*args) -> None:  # no annotation: pygls would try to structure it
+        app.telemetry.accepted += 1
+
+    @ls.feature(STATUS)
+    def status(params: Any) -> dict[str, Any]:
+        return app.status()
+
+    @ls.feature(t.SHUTDOWN)
+    def shutdown(params: Any) -> None:
+        app.close()
+
+    return ls
+
+
+def run_serve(args: Any) -> int:
+    """``draftline serve``: stdio by default, ``--tcp HOST:PORT`` to listen instead."""
+    if not getattr(args, "verbose", False):
+        logging.getLogger("pygls").setLevel(logging.WARNING)  # it logs every message at INFO
+    ls = build_server(getattr(args, "config", None))
+    if args.tcp:
+        host, _, port = args.tcp.rpartition(":")
+        ls.start_tcp(host or "127.0.0.1", int(port))
+    else:
+        ls.start_io()
+    return 0

@@ -1,0 +1,100 @@
+"""The server as editors see it: capabilities, inline and fallback completion, errors, loading."""
+
+from __future__ import annotations
+
+import pytest
+from lsprotocol import types as t
+from pygls.exceptions import JsonRpcException
+from pytest_lsp import LanguageClient
+
+from tests.e2e.lsp_harness import URI, send_raw, end_of, fake_text, initialize, inline_params, items, open_doc, options, status, wait_for
+
+DOC = "def add(a, b):\n    return a"
+
+
+@pytest.mark.parametrize("profile", ["visual-studio-code", "neovim"])
+async def test_inline_capability_advertised_and_answered(client: LanguageClient, profile: str):
+    result = await initialize(client, profile)
+    assert result.capabilities.inline_completion_provider is not None
+    sync = result.capabilities.text_document_sync
+    assert sync.change == t.TextDocumentSyncKind.Incremental and sync.save
+    open_doc(client, DOC)
+    pos = end_of(DOC)
+    found = items(await client.text_document_inline_completion_async(inline_params(pos)))
+    assert [i.insert_text for i in found] == [fake_text(DOC)]
+    assert found[0].range == t.Range(start=pos, end=pos)
+    assert found[0].command is not None
+    fallback = await client.text_document_completion_async(
+        t.CompletionParams(text_document=t.TextDocumentIdentifier(uri=URI), position=pos)
+    )
+    assert not fallback.items  # inline-capable clients get ghost text only (no double generation)
+
+
+async def test_completion_fallback_replaces_the_word(client: LanguageClient):
+    await initialize(client, "neovim", inline=False)
+    open_doc(client, DOC)
+    pos = end_of(DOC)
+    result = await client.text_document_completion_async(
+        t.CompletionParams(text_document=t.TextDocumentIdentifier(uri=URI), position=pos)
+    )
+    (item,) = result.items
+    assert item.text_edit.new_text == "a" + fake_text(DOC)
+    assert item.text_edit.range == t.Range(start=t.Position(line=1, character=pos.character - 1), end=pos)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"textDocument": {"uri": URI}, "position": {"line": 0, "character": 0}},  # no context
+        {"textDocument": {"uri": URI}, "position": {"line": 0, "character": 0}, "context": {"triggerKind": 7}},
+        {"textDocument": {"uri": URI}, "position": {"line": "x", "character": 0}, "context": {"triggerKind": 1}},
+    ],
+)
+async def test_malformed_params_get_invalid_params_error(client: LanguageClient, params: dict):
+    await initialize(client)
+    with pytest.raises(JsonRpcException) as err:
+        await send_raw(client, t.TEXT_DOCUMENT_INLINE_COMPLETION, params)
+    assert err.value.code == -32602
+    assert (await status(client))["engine"]["state"] == "ready"  # still alive
+
+
+async def test_unknown_document_and_bad_position_answer_empty(client: LanguageClient):
+    await initialize(client)
+    unknown = "file:///draftline-e2e/never-opened.py"
+    assert items(await client.text_document_inline_completion_async(inline_params(t.Position(line=0, character=0), unknown))) == []
+    open_doc(client, DOC)
+    assert items(await client.text_document_inline_completion_async(inline_params(t.Position(line=99, character=3)))) == []
+    assert items(await client.text_document_inline_completion_async(inline_params(end_of(DOC)))) != []
+
+
+async def test_model_that_fails_to_load_shows_a_message_and_answers_empty(client: LanguageClient):
+    await initialize(client, init_options=options(fake_fail_load=True), wait="failed")
+    assert any(m.type == t.MessageType.Error and "failed to load" in m.message for m in client.messages)
+    open_doc(client, DOC)
+    assert items(await client.text_document_inline_completion_async(inline_params(end_of(DOC)))) == []
+    current = await status(client)
+    assert current["engine"]["state"] == "failed" and current["requests"] == 1
+
+
+async def test_configuration_change_reloads_the_model(client: LanguageClient):
+    await initialize(client, init_options=options(fake_text="first"))
+    open_doc(client, DOC)
+    first = items(await client.text_document_inline_completion_async(inline_params(end_of(DOC))))
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings=options(fake_text="second")))
+    await wait_for(client, lambda s: s["engine"]["state"] == "ready")
+    second = items(await client.text_document_inline_completion_async(inline_params(end_of(DOC))))
+    assert [i.insert_text for i in first + second] == ["first", "second"]
+
+
+async def test_selected_completion_info_is_extended_over_the_same_range(client: LanguageClient):
+    await initialize(client)
+    text = "x = os.pa"
+    open_doc(client, text)
+    selected = t.SelectedCompletionInfo(
+        range=t.Range(start=t.Position(line=0, character=7), end=t.Position(line=0, character=9)), text="path"
+    )
+    params = inline_params(end_of(text))
+    params.context.selected_completion_info = selected
+    (item,) = items(await client.text_document_inline_completion_async(params))
+    assert item.range == selected.range
+    assert item.insert_text == "path" + fake_text("x = os.path")

@@ -1,0 +1,77 @@
+"""The workspace index behind the server: background indexing, retrieval, file events, progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lsprotocol import types as t
+from pytest_lsp import LanguageClient
+
+from tests.e2e.lsp_harness import end_of, initialize, inline_params, items, open_doc, status, wait_for
+
+HELPERS = "def compute_checksum(data):\n    total = 0\n    for byte in data:\n        total += byte\n    return total\n"
+
+
+def workspace(tmp_path: Path) -> Path:
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / "helpers.py").write_text(HELPERS)
+    (root / "other.py").write_text("class Parser:\n    def parse(self, text):\n        return text.split()\n")
+    (root / "main.py").write_text("def checksum_of(payload):\n    pass\n")  # the editor has unsaved changes
+    return root
+
+
+def index_options(tmp_path: Path) -> dict:
+    return {"draftline": {
+        "model": {"target": "fake"},
+        "completion": {"debounce_ms": 0},
+        "index": {"options": {"embedder": "none", "cache_dir": str(tmp_path / "cache"), "bm25_df_cutoff": 0}},
+    }}
+
+
+async def test_index_feeds_retrieval_and_follows_file_events(client: LanguageClient, tmp_path: Path):
+    root = workspace(tmp_path)
+    await initialize(client, init_options=index_options(tmp_path), roots=(root,))
+    ready = await wait_for(client, lambda s: s["index"]["state"] == "ready")
+    assert ready["index"]["files"] == 3
+    assert any(r.method == t.WORKSPACE_DID_CHANGE_WATCHED_FILES for r in client.registrations)
+
+    text = "def checksum_of(payload):\n    return compute_checksum"
+    uri = (root / "main.py").as_uri()
+    open_doc(client, text, uri=uri)
+    await wait_for(client, lambda s: s["index"]["pending"] == 0)  # the unsaved overlay is indexed too
+    assert items(await client.text_document_inline_completion_async(inline_params(end_of(text), uri)))
+    chunks = (await status(client))["last_chunks"]
+    assert chunks and chunks[0].startswith("helpers.py:") and not any(c.startswith("main.py") for c in chunks)
+
+    extra = root / "extra.py"
+    extra.write_text("def extra():\n    return 1\n")
+    event = t.FileEvent(uri=extra.as_uri(), type=t.FileChangeType.Created)
+    client.workspace_did_change_watched_files(t.DidChangeWatchedFilesParams(changes=[event]))
+    await wait_for(client, lambda s: s["index"]["files"] == 4)
+    extra.unlink()
+    event = t.FileEvent(uri=extra.as_uri(), type=t.FileChangeType.Deleted)
+    client.workspace_did_change_watched_files(t.DidChangeWatchedFilesParams(changes=[event]))
+    await wait_for(client, lambda s: s["index"]["files"] == 3)
+
+
+async def test_indexing_progress_is_reported_to_clients_that_accept_it(client: LanguageClient, tmp_path: Path):
+    root = workspace(tmp_path)
+    result = await initialize(client, "visual-studio-code", init_options=index_options(tmp_path), roots=(root,))
+    assert result.capabilities.inline_completion_provider is not None
+    await wait_for(client, lambda s: s["index"]["state"] == "ready")
+    await wait_for(client, lambda s: any(
+        isinstance(v, t.WorkDoneProgressEnd) for reports in client.progress_reports.values() for v in reports
+    ))
+    (reports,) = client.progress_reports.values()
+    assert isinstance(reports[0], t.WorkDoneProgressBegin)
+
+
+async def test_every_workspace_folder_is_indexed(client: LanguageClient, tmp_path: Path):
+    first = workspace(tmp_path)
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "lib.py").write_text("def shared_helper():\n    return 42\n")
+    await initialize(client, init_options=index_options(tmp_path), roots=(first, second))
+    ready = await wait_for(client, lambda s: s["index"]["state"] == "ready")
+    assert ready["index"]["files"] == 4 and ready["roots"] == [str(first), str(second)]

@@ -1,0 +1,119 @@
+"""The completer's pieces: windows, retrieval (optional, excluding the current file), caches, engines."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import pytest
+
+from engine.fake import FakeEngine
+from lsp_server.completer import Completer, SuggestionCache, build_request, make_engine
+from lsp_server.config import CompletionConfig, ModelConfig
+from lsp_server.documents import Snapshot, prefix_window, suffix_window
+
+
+def snap(before: str, after: str = "", uri: str = "file:///w/a.py") -> Snapshot:
+    return Snapshot(uri=uri, version=1, language="python", path="a.py", before=before, after=after)
+
+
+@dataclass
+class FoundChunk:
+    path: str
+    start_line: int
+    end_line: int
+    text: str
+    score: float = 1.0
+
+
+class RecordingRetriever:
+    def __init__(self, fail: bool = False):
+        self.calls: list[tuple[str, int, str | None]] = []
+        self.fail = fail
+
+    def search(self, query: str, k: int, exclude: str | None = None):
+        self.calls.append((query, k, exclude))
+        if self.fail:
+            raise RuntimeError("index broken")
+        return [FoundChunk("b.py", 3, 5, "def helper():\n    pass\n")]
+
+
+def test_prefix_window_starts_at_a_line_and_stays_put_while_typing():
+    text = "".join(f"line {i}\n" for i in range(200))
+    one = prefix_window(text, budget=300, quantum=128)
+    two = prefix_window(text + "abc", budget=300, quantum=128)
+    assert len(one) <= 300 and text.endswith(one) and (text[: len(text) - len(one)]).endswith("\n")
+    assert two.startswith(one[:50])  # same start: the engine's prompt cache keeps its prefix
+    assert suffix_window("a\nb\nc\n", 3) == "a\n"
+
+
+def test_retrieval_excludes_the_current_file_and_feeds_snippets():
+    retriever = RecordingRetriever()
+    engine = FakeEngine(text="done")
+    completion = Completer(engine, CompletionConfig(), retriever).complete(build_request(snap("x = "), CompletionConfig()), threading.Event())
+    assert completion.text == "done"
+    assert retriever.calls[0][2] == "/w/a.py" and [c.path for c in completion.chunks] == ["b.py"]
+    assert set(completion.timings_ms) == {"total", "retrieve", "prefill", "decode"}
+
+
+def test_broken_or_missing_retriever_means_no_snippets():
+    for retriever in (None, RecordingRetriever(fail=True)):
+        completion = Completer(FakeEngine(text="ok"), CompletionConfig(), retriever).complete(
+            build_request(snap("x = "), CompletionConfig()), threading.Event()
+        )
+        assert completion.text == "ok" and completion.chunks == ()
+
+
+def test_type_through_and_lru():
+    cache = SuggestionCache(size=2)
+    first = snap("x = ")
+    request = build_request(first, CompletionConfig())
+    cache.remember(first, request, "compute(1)")
+    assert cache.lookup(snap("x = comp"), build_request(snap("x = comp"), CompletionConfig())) == ("ute(1)", "type-through")
+    assert cache.lookup(snap("x = cox"), build_request(snap("x = cox"), CompletionConfig())) is None  # diverged
+    cache.forget(first.uri)
+    assert cache.lookup(first, request) == ("compute(1)", "cache")  # LRU by (prefix, suffix)
+    for i in range(3):
+        s = snap(f"y{i} = ")
+        cache.remember(s, build_request(s, CompletionConfig()), f"v{i}")
+    assert cache.lookup(first, request) is None  # evicted (size 2)
+
+
+def test_engine_factory(monkeypatch):
+    monkeypatch.setattr("engine.bundled.bundled_pair", lambda: None)
+    assert isinstance(make_engine(ModelConfig(target="fake")), FakeEngine)
+    with pytest.raises(RuntimeError):
+        make_engine(ModelConfig(target="fake", fake_fail_load=True))
+    with pytest.raises(ValueError):
+        make_engine(ModelConfig())
+
+
+def test_real_targets_go_through_load_engine_lazily(monkeypatch):
+    import sys
+    import types
+
+    calls = []
+    fake_module = types.SimpleNamespace(load_engine=lambda target, draft=None, **kw: calls.append((target, draft, kw)) or "engine")
+    monkeypatch.setitem(sys.modules, "engine.engine", fake_module)  # the real one imports torch
+    assert make_engine(ModelConfig(target="/models/t", draft="/models/d", options={"dtype": "float32"})) == "engine"
+    assert calls == [("/models/t", "/models/d", {"dtype": "float32"})]
+
+
+def test_cli_complete_prints_json(tmp_path, capsys, monkeypatch):
+    import json
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
+    monkeypatch.setattr("engine.bundled.bundled_pair", lambda: None)
+    from lsp_server.cli import main
+
+    src = tmp_path / "a.py"
+    src.write_text("def add(a, b):\n    return a\n")
+    (tmp_path / "b.py").write_text("def add_numbers(a, b):\n    return a + b\n")
+    (tmp_path / ".draftline.toml").write_text(f'[index.options]\nembedder = "none"\ncache_dir = "{tmp_path / "cache"}"\n')
+    code = main(["complete", f"{src}:2:13", "--workspace", str(tmp_path), "--json", "--target", "fake"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["text"] == "fake_27_a"
+    assert set(out["timings_ms"]) >= {"total", "retrieve", "prefill", "decode"}
+    assert set(out["stats"]) >= {"prompt_tokens", "reused_tokens", "proposed", "accepted"}
+    assert [c["path"] for c in out["chunks"]] == ["b.py"]  # retrieved, the current file excluded
+    assert main(["complete", f"{src}:1:1"]) == 2  # no --target: refused

@@ -1,0 +1,29 @@
+"""Configuration precedence: defaults < user TOML < workspace TOML < initializationOptions < didChangeConfiguration."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lsp_server.config import CompletionConfig, Config, resolve_config
+
+
+def test_precedence_of_every_layer(tmp_path: Path):
+    user = tmp_path / "user.toml"
+    user.write_text('[model]\ntarget = "user-model"\ndraft = "user-draft"\n[completion]\nmax_tokens = 10\ndebounce_ms = 1\nsnippets = 1\nprefix_chars = 100\n')
+    root = tmp_path / "ws"
+    root.mkdir()
+    (root / ".draftline.toml").write_text('[completion]\nmax_tokens = 20\ndebounce_ms = 2\nsnippets = 2\n[model]\ntarget = "ws-model"\n')
+    init = {"draftline": {"completion": {"max_tokens": 30, "debounce_ms": 3}, "model": {"target": "fake"}}}
+    settings = {"draftline": {"completion": {"max_tokens": 40, "mode": "single", "unknown_key": 1, "suffix_chars": "bad"}}}
+
+    config = resolve_config(user_file=user, workspace_roots=[root], init_options=init, client_settings=settings)
+
+    assert config.completion.max_tokens == 40  # didChangeConfiguration wins
+    assert config.completion.mode == "single"
+    assert config.completion.debounce_ms == 3.0  # initializationOptions
+    assert config.completion.snippets == 2  # workspace TOML
+    assert config.completion.prefix_chars == 100  # user TOML
+    assert config.model.target == "fake" and config.model.draft == "user-draft"
+    assert config.completion.suffix_chars == CompletionConfig().suffix_chars  # ill-typed: default kept
+    assert config.completion.window_quantum == CompletionConfig().window_quantum  # nobody set it: default
+    assert resolve_config(user_file=tmp_path / "absent.toml") == Config()  # no layers: all defaults
