@@ -172,7 +172,7 @@ def run_bench_engine(args: argparse.Namespace) -> int:
                 results[mode] = (tuple(tokens), elapsed, None)
                 continue
             drafter, _, g = mode.partition("-")
-            spec = SpecConfig(drafter="none" if mode == "plain" else drafter, adaptive=g == "adaptive")
+            spec = SpecConfig(drafter="none" if mode == "plain" else drafter, schedule="adaptive" if g == "adaptive" else "fixed")
             started = time.perf_counter()
             res = engine.complete(request, threading.Event(), spec)
             results[mode] = (res.tokens, time.perf_counter() - started, res.stats)

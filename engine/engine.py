@@ -14,7 +14,8 @@ import torch
 from engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from engine.model import CachedLM, LoadedModel, load_model
 from engine.prompt import TEMPLATES, PromptBudget, PromptBuilder, detect_template
-from engine.speculative import AdaptiveGamma, FixedGamma, generate
+from engine.speculative import AdaptiveGamma, AstAdaptiveGamma, FixedGamma, generate
+from engine.syntax import DepthTracker
 from engine.types import CompletionRequest, CompletionResult, CompletionStats, SpecConfig
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,9 @@ class EngineConfig:
 class _StopRules:
     """Stop strings, line limits and the time budget, checked on the text generated so far."""
 
-    def __init__(self, tokenizer, stop: tuple[str, ...], max_lines: int, time_budget_s: float):
+    def __init__(self, tokenizer, stop: tuple[str, ...], max_lines: int, time_budget_s: float, min_indent: int = -1):
         self.tokenizer, self.stop, self.max_lines, self.budget = tokenizer, stop, max_lines, time_budget_s
+        self.min_indent = min_indent
         self.started = time.perf_counter()
         self.seen = 0
         self.newlines = 0
@@ -42,6 +44,8 @@ class _StopRules:
         new = self.tokenizer.decode(tokens[self.seen :])  # '\n' is one byte: never split across tokens
         self.newlines += new.count("\n")
         self.seen = len(tokens)
+        if self.min_indent >= 0 and "\n" in new and _scope_end(self.tokenizer.decode(tokens), self.min_indent) >= 0:
+            return "scope"
         if self.max_lines and self.newlines >= self.max_lines:
             return "max_lines"
         if self.stop:
@@ -53,6 +57,8 @@ class _StopRules:
         return None
 
     def cut(self, text: str) -> str:
+        if self.min_indent >= 0 and (end := _scope_end(text, self.min_indent)) >= 0:
+            text = text[:end]
         for s in self.stop:
             i = text.find(s)
             if i >= 0:
@@ -60,6 +66,18 @@ class _StopRules:
         if self.max_lines:
             text = "\n".join(text.split("\n")[: self.max_lines]) if text.count("\n") >= self.max_lines else text
         return text
+
+
+def _scope_end(text: str, min_indent: int) -> int:
+    """Offset of the first later, complete line that dedents below `min_indent`; -1 if none."""
+    offset = text.find("\n") + 1
+    if offset == 0:
+        return -1
+    for line in text[offset:].split("\n")[:-1]:  # the last piece is still being written
+        if line.strip() and len(line) - len(line.lstrip()) < min_indent:
+            return offset - 1  # cut before the newline that led to it
+        offset += len(line) + 1
+    return -1
 
 
 class Engine:
@@ -116,12 +134,12 @@ class Engine:
             log.warning("prompt of %d tokens leaves no room in the model's context", len(prompt.tokens))
             return CompletionResult("", stop_reason="context", stats=stats)
         max_lines = 1 if request.mode == "single-line" else limits.max_lines
-        rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s)
+        rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s, limits.min_indent)
         drafter = self.drafter_for(spec)
         self.ngram.set_extra(list(self.history))
         if self.model_drafter:
             self.model_drafter.temperature = spec.temperature
-        gamma = AdaptiveGamma(spec.gamma, spec.window) if spec.adaptive else FixedGamma(spec.gamma)
+        gamma = self._gamma_policy(spec, request, prompt.prefix_chars)
         draft_before = self.draft_lm.forwards if self.draft_lm else 0
         tokens, reason = generate(
             self.target_lm, prompt.tokens, drafter, max_new_tokens=min(limits.max_tokens, room - 1), cancel=cancel,
@@ -136,6 +154,17 @@ class Engine:
         stats.total_s = time.perf_counter() - started
         cancelled = reason == "cancelled"
         return CompletionResult(text, cancelled=cancelled, stop_reason=reason, tokens=tuple(tokens), stats=stats)
+
+
+    def _gamma_policy(self, spec: SpecConfig, request: CompletionRequest, window_chars: int):
+        if spec.schedule == "fixed":
+            return FixedGamma(spec.gamma)
+        if spec.schedule == "ast":
+            tracker = DepthTracker(request.language)
+            window = request.prefix[len(request.prefix) - window_chars:]
+            decode = self.target.tokenizer.decode
+            return AstAdaptiveGamma(lambda out: tracker.depth(window + decode(out)), spec.gamma, spec.window)
+        return AdaptiveGamma(spec.gamma, spec.window)
 
 
 def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int):

@@ -15,7 +15,9 @@ from engine.types import CompletionStats
 
 
 class GammaPolicy(Protocol):
-    def gamma(self) -> int: ...
+    def gamma(self, out: list[int]) -> int:
+        """Draft length for the next step, given the tokens generated so far."""
+        ...
 
     def update(self, accepted: int, proposed: int) -> None: ...
 
@@ -24,7 +26,7 @@ class FixedGamma:
     def __init__(self, gamma: int = 5):
         self._gamma = gamma
 
-    def gamma(self) -> int:
+    def gamma(self, out: list[int]) -> int:
         return self._gamma
 
     def update(self, accepted: int, proposed: int) -> None:
@@ -43,7 +45,7 @@ class AdaptiveGamma:
         proposed = sum(p for _, p in self.recent)
         return sum(a for a, _ in self.recent) / proposed if proposed else 0.0
 
-    def gamma(self) -> int:
+    def gamma(self, out: list[int]) -> int:
         return self._gamma
 
     def update(self, accepted: int, proposed: int) -> None:
@@ -51,6 +53,25 @@ class AdaptiveGamma:
             return
         self.recent.append((accepted, proposed))
         self._gamma = min(self.hi, max(self.lo, round(self.acceptance() * 10)))
+
+
+class AstAdaptiveGamma(AdaptiveGamma):
+    """Syntax-aware: deep nesting or poor recent acceptance -> 3; high acceptance -> 7; else the seed rule.
+
+    `depth(out)` is the tree-sitter nesting depth at the position being generated.
+    """
+
+    def __init__(self, depth: Callable[[list[int]], int], initial: int = 5, window: int = 8):
+        super().__init__(initial, window)
+        self.depth = depth
+
+    def gamma(self, out: list[int]) -> int:
+        acc = self.acceptance() if self.recent else None
+        if self.depth(out) > 5 or (acc is not None and acc < 0.5):
+            return 3
+        if acc is not None and acc > 0.8:
+            return 7
+        return self._gamma
 
 
 def accept_greedy(target_choice: Sequence[int], proposal: Sequence[int]) -> list[int]:
@@ -138,7 +159,7 @@ def generate(
             return out, reason
         if cancel.is_set():
             return out, "cancelled"
-        k = min(gamma.gamma(), max_new_tokens - len(out) - 1) if drafter else 0
+        k = min(gamma.gamma(out), max_new_tokens - len(out) - 1) if drafter else 0
         t0 = time.perf_counter()
         proposal = drafter.propose(list(prompt) + out, k) if k > 0 else []
         stats.draft_s += time.perf_counter() - t0

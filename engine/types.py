@@ -26,6 +26,7 @@ class Limits:
     max_lines: int = 0  # 0 = no line limit
     stop: tuple[str, ...] = ()  # stop strings (the text is cut before them)
     time_budget_s: float = 0.0  # 0 = none; fires only once a full line exists
+    min_indent: int = -1  # stop at a later line indented less than this (the scope ended); -1 = off
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,10 @@ class SpecConfig:
     """How the speculative loop drafts and verifies."""
 
     drafter: Literal["none", "ngram", "draft", "hybrid"] = "hybrid"
-    gamma: int = 5  # initial (and, with adaptive=False, fixed) draft length
-    adaptive: bool = True  # gamma = min(8, max(2, round(acceptance * 10))) over a window
+    gamma: int = 5  # initial (and, with schedule="fixed", the only) draft length
+    # fixed | adaptive: min(8, max(2, round(acceptance * 10))) over a window |
+    # ast: syntax-aware: nesting depth > 5 or acceptance < 0.5 -> 3, acceptance > 0.8 -> 7, else adaptive
+    schedule: Literal["fixed", "adaptive", "ast"] = "adaptive"
     window: int = 8  # steps in the acceptance window
     min_ngram: int = 2  # hybrid: n-gram match length that beats the draft model
     temperature: float = 0.0

@@ -23,9 +23,9 @@ def test_every_mode_gives_the_plain_greedy_text(engine):
     plain = engine.complete(REQ, threading.Event(), SpecConfig(drafter="none"))
     assert plain.stats.generated_tokens > 0
     for drafter in ("ngram", "draft", "hybrid"):
-        for adaptive in (False, True):
-            res = engine.complete(REQ, threading.Event(), SpecConfig(drafter=drafter, adaptive=adaptive))
-            assert res.text == plain.text and res.tokens == plain.tokens, (drafter, adaptive)
+        for schedule in ("fixed", "adaptive", "ast"):
+            res = engine.complete(REQ, threading.Event(), SpecConfig(drafter=drafter, schedule=schedule))
+            assert res.text == plain.text and res.tokens == plain.tokens, (drafter, schedule)
             assert res.stats.proposed, drafter
 
 
@@ -101,3 +101,22 @@ def test_time_budget_fires_only_after_a_full_line(engine):
     assert res.stop_reason in ("time", "eos", "max_tokens")
     if res.stop_reason == "time":
         assert "\n" in engine.target.tokenizer.decode(list(res.tokens))
+
+
+def test_scope_end_rule():
+    from engine.engine import _scope_end
+
+    body = "x = 1\n    y = 2\n    return y\n"
+    assert _scope_end(body, 4) == -1
+    text = "x = 1\n    return y\ndef g():\n"
+    assert text[: _scope_end(text, 4)] == "x = 1\n    return y"
+    assert _scope_end("a\n\n    b\nc", 4) == -1  # the last line is still being written
+
+
+def test_ast_depth_tracker_follows_growing_code():
+    from engine.syntax import DepthTracker
+
+    t = DepthTracker("python")
+    shallow = t.depth("x = 1\n")
+    deep = t.depth("x = 1\nclass A:\n    def f(self):\n        return g([1, (2, {3: ")
+    assert deep >= shallow + 5
