@@ -26,6 +26,18 @@ def _complete(args: argparse.Namespace) -> int:
     return run_complete(args)
 
 
+def _bench_scenarios(args: argparse.Namespace) -> int:
+    from lsp_server.bench_scenarios import run_bench_scenarios
+
+    return run_bench_scenarios(args)
+
+
+def _indexer(command: str, args: argparse.Namespace) -> int:
+    from indexer import cli as icli
+
+    return icli.dispatch(command, args)
+
+
 def _train(args: argparse.Namespace) -> int:
     from engine.train import TrainConfig, train
 
@@ -61,6 +73,15 @@ def build_parser() -> argparse.ArgumentParser:
     complete.add_argument("--config", type=Path, default=None, help="user config TOML")
     complete.set_defaults(func=_complete)
 
+    from indexer import cli as icli
+
+    ix = sub.add_parser("index", help="index a workspace and print a summary")
+    icli.add_index_arguments(ix)
+    ix.set_defaults(func=lambda a: _indexer("index", a))
+    se = sub.add_parser("search", help="ranked chunks for a query (or --queries FILE)")
+    icli.add_search_arguments(se)
+    se.set_defaults(func=lambda a: _indexer("search", a))
+
     tr = sub.add_parser("train", help="train (or --resume) the bundled tokenizer, target and distilled draft")
     tr.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of this run")
     tr.add_argument("--out", help="where the HF model directories go (default: the package's engine/models)")
@@ -76,6 +97,17 @@ def build_parser() -> argparse.ArgumentParser:
     be = bench_sub.add_parser("engine", help="speculative decoding vs plain greedy and transformers")
     add_bench_engine_arguments(be)
     be.set_defaults(func=_bench_engine)
+    from lsp_server.bench_scenarios import add_arguments as add_bench_scenarios_arguments
+
+    bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")
+    add_bench_scenarios_arguments(bs)
+    bs.set_defaults(func=_bench_scenarios)
+    bi = bench_sub.add_parser("index", help="full index time, update and query latency, peak RSS")
+    icli.add_bench_index_arguments(bi)
+    bi.set_defaults(func=lambda a: _indexer("bench-index", a))
+    br = bench_sub.add_parser("retrieval", help="CrossCodeEval-style recall@k of bm25 / dense / hybrid / definitions")
+    icli.add_bench_retrieval_arguments(br)
+    br.set_defaults(func=lambda a: _indexer("bench-retrieval", a))
     return parser
 
 

@@ -1,0 +1,217 @@
+"""Benchmarks: indexing speed / update and query latency, and CrossCodeEval-style retrieval recall."""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import random
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import IndexConfig
+from .dense import make_embedder
+from .files import FileFilter
+from .index import MODES, Index
+
+log = logging.getLogger(__name__)
+
+
+def _pct(values: list[float], q: float) -> float:
+    return round(float(np.percentile(values, q)), 3) if values else 0.0
+
+
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
+
+
+def _copy_prefix(src: Path, dst: Path, max_chars: int | None, ignore: tuple[str, ...] = ()) -> tuple[int, int]:
+    """Copy indexable files of ``src`` into ``dst`` until ``max_chars`` characters. Returns (files, chars)."""
+    walk = FileFilter([src], IndexConfig(extra_ignore=ignore)).walk()
+    files = chars = 0
+    for entry in walk.files:
+        try:
+            text = Path(entry.path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        if max_chars is not None and chars >= max_chars:
+            break
+        target = dst / os.path.relpath(entry.path, src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        files += 1
+        chars += len(text)
+    return files, chars
+
+
+def bench_index(directory: Path, max_chars: int | None = None, updates: int = 40, queries: int = 100,
+                seed: int = 0, ignore: tuple[str, ...] = ()) -> dict:
+    """Full index of (the first ``max_chars`` of) DIR, then edit→searchable and query latencies."""
+    rng = random.Random(seed)
+    work = Path(tempfile.mkdtemp(prefix="draftline-bench-"))
+    try:
+        ws, cache = work / "ws", work / "cache"
+        ws.mkdir()
+        _copy_prefix(Path(directory), ws, max_chars, ignore)
+        config = IndexConfig(cache_dir=cache)
+        t0 = time.perf_counter()
+        embedder = make_embedder(config.embedder, config.resolved_model_cache_dir(), config.model2vec_dims)
+        embedder_load_s = time.perf_counter() - t0
+        with Index([ws], config, embedder=embedder) as index:
+            t0 = time.perf_counter()
+            summary = index.build()
+            full_index_s = time.perf_counter() - t0
+            paths = sorted({c.path for c in index._chunks.values()})
+            update_ms, found = [], 0
+            for path in rng.sample(paths, min(updates, len(paths))):
+                marker = "".join(rng.choice("bcdfghjklmnpqrstvwxz") for _ in range(14))  # one rare token
+                with open(path, "a", encoding="utf-8") as fh:
+                    fh.write(f"\n# {marker}\n")
+                t0 = time.perf_counter()
+                index.touch(path)
+                index.flush()
+                update_ms.append((time.perf_counter() - t0) * 1e3)
+                hits = index.search(marker, k=1, mode="bm25")
+                found += bool(hits and hits[0].path == path)
+            texts = [c.text for c in index._chunks.values()]
+            sample = []
+            for text in rng.sample(texts, min(queries, len(texts))):
+                lines = text.splitlines()
+                cut = rng.randrange(1, max(2, len(lines)))
+                sample.append("\n".join(lines[:cut])[-1500:] or text[:200])
+            query_ms: dict[str, list[float]] = {}
+            for mode in MODES:
+                index.search(sample[0], k=10, mode=mode)  # warm
+                times = []
+                for q in sample:
+                    t0 = time.perf_counter()
+                    index.search(q, k=10, mode=mode)
+                    times.append((time.perf_counter() - t0) * 1e3)
+                query_ms[mode] = times
+            return {
+                "files": summary["files"],
+                "chunks": summary["chunks"],
+                "chars": summary["chars"],
+                "full_index_s": round(full_index_s, 3),
+                "embedder": index.stats().embedder,
+                "embedder_load_s": round(embedder_load_s, 3),
+                "update_p50_ms": _pct(update_ms, 50),
+                "update_p99_ms": _pct(update_ms, 99),
+                "updates_searchable": f"{found}/{len(update_ms)}",
+                "query_p50_ms": {m: _pct(v, 50) for m, v in query_ms.items()},
+                "query_p99_ms": {m: _pct(v, 99) for m, v in query_ms.items()},
+                "peak_rss_mb": _peak_rss_mb(),
+            }
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+# ---- retrieval quality ------------------------------------------------------
+def _resolve_module(root: Path, current: Path, module: str | None, level: int) -> Path | None:
+    parts = module.split(".") if module else []
+    bases = []
+    if level:
+        base = current.parent
+        for _ in range(level - 1):
+            base = base.parent
+        bases.append(base)
+    else:
+        bases.extend([root] + [p for p in current.parents if root in p.parents])
+        if (root / "__init__.py").is_file():  # DIR is itself a package: absolute imports start above it
+            bases.append(root.parent)
+    for base in bases:
+        target = base.joinpath(*parts) if parts else base
+        for candidate in (target.with_suffix(".py") if parts else None, target / "__init__.py"):
+            if candidate is not None and candidate.is_file() and candidate != current:
+                return candidate
+    return None
+
+
+def _tasks(root: Path, paths: list[str], max_tasks: int, rng: random.Random, context_lines: int) -> list[dict]:
+    """For each name imported from a sibling module, the first later line that uses it."""
+    tasks = []
+    for path in paths:
+        if not path.endswith(".py"):
+            continue
+        try:
+            source = Path(path).read_text(encoding="utf-8")
+            tree = ast.parse(source)
+        except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        lines = source.splitlines()
+        imported: dict[str, tuple[Path, int]] = {}
+        for node in tree.body:
+            if isinstance(node, ast.ImportFrom):
+                target = _resolve_module(root, Path(path), node.module, node.level)
+                if target is None:
+                    continue
+                for alias in node.names:
+                    if alias.name != "*" and alias.asname is None:
+                        imported[alias.name] = (target, node.end_lineno or node.lineno)
+        if not imported:
+            continue
+        first_use: dict[str, int] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and node.id in imported and node.lineno > imported[node.id][1]:
+                if node.id not in first_use or node.lineno < first_use[node.id]:
+                    first_use[node.id] = node.lineno
+        for name, lineno in first_use.items():
+            prefix = "\n".join(lines[max(0, lineno - 1 - context_lines) : lineno - 1])
+            tasks.append({"path": path, "name": name, "line": lineno, "target": str(imported[name][0]), "query": prefix})
+    rng.shuffle(tasks)
+    return tasks[:max_tasks]
+
+
+def bench_retrieval(directory: Path, max_tasks: int = 500, ks: tuple[int, ...] = (1, 5, 10), seed: int = 0,
+                    context_lines: int = 40) -> dict:
+    """Recall@k of the chunk defining an imported name, querying with the lines before its first use.
+
+    A task is (file, name imported from a sibling module, first line using it); the query is
+    the ``context_lines`` lines before that line, the current file is excluded, and a hit is a
+    result chunk overlapping the name's definition in the module it was imported from.
+    """
+    rng = random.Random(seed)
+    root = Path(directory).resolve()
+    work = Path(tempfile.mkdtemp(prefix="draftline-bench-"))
+    try:
+        with Index([root], IndexConfig(cache_dir=work / "cache")) as index:
+            t0 = time.perf_counter()
+            index.build()
+            build_s = time.perf_counter() - t0
+            paths = sorted({c.path for c in index._chunks.values()})
+            tasks = _tasks(root, paths, max_tasks, rng, context_lines)
+            depth = max(ks)
+            hits = {m: {k: 0 for k in ks} for m in (*MODES, "definitions")}
+            used = 0
+            for task in tasks:
+                truth = [s for s in index.definitions(task["name"]) if s.path == task["target"]]
+                if not truth:
+                    continue  # defined by re-export or dynamically: no chunk to find
+                used += 1
+
+                def rank_of(chunks) -> int | None:
+                    for r, c in enumerate(chunks):
+                        if any(c.path == s.path and c.start_line <= s.end_line and c.end_line >= s.start_line
+                               for s in truth):
+                            return r
+                    return None
+
+                for mode in MODES:
+                    r = rank_of(index.search(task["query"], k=depth, exclude=task["path"], mode=mode))
+                    for k in ks:
+                        hits[mode][k] += r is not None and r < k
+                defs = [s for s in index.definitions(task["name"]) if s.path != task["path"]]
+                r = next((i for i, s in enumerate(defs) if s.path == task["target"]), None)
+                for k in ks:
+                    hits["definitions"][k] += r is not None and r < k
+            modes = {m: {f"recall@{k}": round(v / used, 4) if used else 0.0 for k, v in per.items()}
+                     for m, per in hits.items()}
+            return {"tasks": used, "modes": modes, "context_lines": context_lines, "chunks": index.stats().chunks,
+                    "build_s": round(build_s, 3), "embedder": index.stats().embedder}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -1,0 +1,286 @@
+"""Split a source file into chunks and extract its definitions, from one tree-sitter pass (line windows otherwise)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from tree_sitter import Node, Parser
+
+from .config import IndexConfig
+from .languages import LanguageRegistry, LanguageSpec
+from .models import Chunk, ChunkedFile, Symbol
+
+log = logging.getLogger(__name__)
+
+_NAME_LEAVES = frozenset(
+    {"identifier", "field_identifier", "type_identifier", "qualified_identifier", "destructor_name",
+     "operator_name", "property_identifier", "namespace_identifier", "scoped_identifier"}
+)
+_MAX_DESCENT = 4  # how deep to look through non-definition statements (if/try/#ifdef) for definitions
+
+
+def _text(node: Node | None) -> str | None:
+    if node is None or node.text is None:
+        return None
+    return node.text.decode("utf-8", "replace")
+
+
+def _declarator_name(node: Node | None) -> str | None:
+    """Follow C/C++ declarator chains (pointer_declarator -> function_declarator -> identifier)."""
+    for _ in range(12):
+        if node is None:
+            return None
+        if node.type in _NAME_LEAVES:
+            return _text(node)
+        nxt = node.child_by_field_name("declarator") or node.child_by_field_name("name")
+        node = nxt
+    return None
+
+
+def definition_name(node: Node) -> str | None:
+    name = node.child_by_field_name("name")
+    if name is not None:
+        return _text(name) if name.type in _NAME_LEAVES or name.type.endswith("identifier") else _declarator_name(name)
+    if node.type == "type_declaration":  # Go
+        for child in node.named_children:
+            if child.type in ("type_spec", "type_alias"):
+                return _text(child.child_by_field_name("name"))
+        return None
+    if node.type == "impl_item":  # Rust: impl [Trait for] Type
+        return _text(node.child_by_field_name("type"))
+    declarator = node.child_by_field_name("declarator")
+    if declarator is not None:
+        return _declarator_name(declarator)
+    return None
+
+
+def _assigned_names(node: Node) -> list[tuple[str, str]]:
+    """(name, kind) pairs defined by a module- or class-level assignment statement."""
+    out: list[tuple[str, str]] = []
+    if node.type == "expression_statement":  # Python
+        for child in node.named_children:
+            if child.type == "assignment":
+                left = child.child_by_field_name("left")
+                if left is not None and left.type == "identifier":
+                    out.append((_text(left) or "", "variable"))
+    elif node.type in ("lexical_declaration", "variable_declaration"):  # JS/TS
+        for child in node.named_children:
+            if child.type == "variable_declarator":
+                name = child.child_by_field_name("name")
+                value = child.child_by_field_name("value")
+                if name is not None and name.type == "identifier":
+                    is_fn = value is not None and value.type in ("arrow_function", "function_expression", "function")
+                    out.append((_text(name) or "", "function" if is_fn else "variable"))
+    elif node.type in ("const_declaration", "var_declaration"):  # Go
+        for spec in node.named_children:
+            for name in spec.children_by_field_name("name"):
+                out.append((_text(name) or "", "constant" if node.type == "const_declaration" else "variable"))
+    return [(n, k) for n, k in out if n]
+
+
+@dataclass
+class _Span:
+    start: int  # 0-based rows, inclusive
+    end: int
+
+
+class Chunker:
+    """Produces a ChunkedFile for a path + text. Holds per-language parsers; use from one thread."""
+
+    def __init__(self, config: IndexConfig, registry: LanguageRegistry | None = None):
+        self.config = config
+        self.registry = registry or LanguageRegistry()
+        self._parsers: dict[str, Parser] = {}
+
+    def _parser(self, spec: LanguageSpec) -> Parser | None:
+        parser = self._parsers.get(spec.name)
+        if parser is None:
+            language = self.registry.language(spec)
+            if language is None:
+                return None
+            parser = Parser(language)
+            self._parsers[spec.name] = parser
+        return parser
+
+    def chunk(self, path: str, text: str, display_path: str | None = None) -> ChunkedFile:
+        display = display_path or path
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()
+        lines = [ln[:-1] if ln.endswith("\r") else ln for ln in lines]
+        if not lines:
+            return ChunkedFile([], [], None)
+        spec = self.registry.spec_for(path)
+        parser = self._parser(spec) if spec is not None else None
+        if spec is None or parser is None:
+            chunks = self._windows(path, display, lines, 0, len(lines) - 1, "window", None, [])
+            return ChunkedFile(chunks, [], None)
+        tree = parser.parse(text.encode("utf-8", "surrogatepass"))
+        builder = _FileBuilder(self, spec, path, display, lines)
+        builder.scope(tree.root_node, 0, len(lines) - 1, [], 0)
+        return builder.finish()
+
+    def split_range(self, lines: list[str], s: int, e: int, max_lines: int) -> list[tuple[int, int]]:
+        """Cut rows s..e into pieces of at most ``max_lines`` lines and ``max_chunk_chars`` characters."""
+        limit = self.config.max_chunk_chars
+        pieces = []
+        start, chars = s, 0
+        for row in range(s, e + 1):
+            n = len(lines[row]) + 1
+            if row > start and (row - start >= max_lines or chars + n > limit):
+                pieces.append((start, row - 1))
+                start, chars = row, 0
+            chars += n
+        pieces.append((start, e))
+        return pieces
+
+    def _windows(self, path, display, lines, lo, hi, kind, name, ctx) -> list[Chunk]:
+        out = []
+        for start, end in self.split_range(lines, lo, hi, max(1, self.config.window_lines)):
+            if any(ch.isalnum() for ln in lines[start : end + 1] for ch in ln):
+                s, e = start, end  # trim blank lines at both ends
+                while not lines[s].strip():
+                    s += 1
+                while not lines[e].strip():
+                    e -= 1
+                out.append(self._make(path, display, lines, s, e, kind, name, ctx))
+        return out
+
+    def _make(self, path, display, lines, s, e, kind, name, ctx, extra_header: str = "") -> Chunk:
+        text = "\n".join(lines[s : e + 1])
+        if len(text) > self.config.max_chunk_chars:
+            text = text[: self.config.max_chunk_chars]
+        header = display
+        if ctx:
+            header += " :: " + ".".join(ctx)
+        if name and kind not in ("module", "window"):
+            header += f" :: {kind} {name}"
+        if extra_header:
+            header += " :: " + extra_header
+        return Chunk(path=path, start_line=s + 1, end_line=e + 1, text=text, kind=kind, name=name, header=header)
+
+
+class _FileBuilder:
+    """Accumulates the chunks and symbols of one file while walking its syntax tree."""
+
+    def __init__(self, chunker: Chunker, spec: LanguageSpec, path: str, display: str, lines: list[str]):
+        self.c = chunker
+        self.spec = spec
+        self.path = path
+        self.display = display
+        self.lines = lines
+        self.chunks: list[Chunk] = []
+        self.symbols: list[Symbol] = []
+        self._pending_assign: list[tuple[Symbol, int]] = []  # symbol, row
+        self._ctx_name: str | None = None  # dotted enclosing scope while collecting assignments
+        self._container_kind = "class"  # kind of the container whose body is being walked
+        self._container_symbol_index = -1  # first chunk of that container (its header)
+
+    def _collect(self, node: Node, depth: int, out: list[tuple[Node, Node]]) -> None:
+        """Find (definition, outer) pairs directly in this scope, looking through wrappers and statements."""
+        spec = self.spec
+        for child in node.named_children:
+            t = child.type
+            if t in spec.definitions:
+                out.append((child, child))
+            elif t in spec.wrappers:
+                inner = child.child_by_field_name("definition") or child.child_by_field_name("declaration")
+                if inner is None:
+                    inner = next((c for c in child.named_children if c.type in spec.definitions), None)
+                if inner is not None and inner.type in spec.definitions:
+                    out.append((inner, child))
+                elif depth < _MAX_DESCENT:
+                    self._collect(child, depth + 1, out)
+            elif t in spec.assignments:
+                self._assignments(child)
+            elif (
+                depth < _MAX_DESCENT
+                and child.end_point.row > child.start_point.row
+                and not any(w in t for w in ("function", "lambda", "arrow", "closure", "string", "comment"))
+            ):
+                self._collect(child, depth + 1, out)
+
+    def _assignments(self, node: Node) -> None:
+        for name, kind in _assigned_names(node):
+            sym = Symbol(name, kind, self.path, node.start_point.row + 1, node.end_point.row + 1, self._ctx_name)
+            self._pending_assign.append((sym, node.start_point.row))
+
+    def _leading_comment_start(self, outer: Node) -> int:
+        row = outer.start_point.row
+        prev = outer.prev_named_sibling
+        while prev is not None and "comment" in prev.type and prev.end_point.row == row - 1:
+            row = prev.start_point.row
+            prev = prev.prev_named_sibling
+        return row
+
+    def scope(self, node: Node, lo: int, hi: int, ctx: list[str], depth: int) -> None:
+        found: list[tuple[Node, Node]] = []
+        saved = self._ctx_name
+        self._ctx_name = ".".join(ctx) or None
+        self._collect(node, 0, found)
+        self._ctx_name = saved
+        kind = "module" if not ctx else self._container_kind
+        name = ctx[-1] if ctx else None
+        first_gap_index = len(self.chunks)
+        pairs: list[tuple[Node, _Span]] = []
+        for definition, outer in found:
+            s = max(lo, self._leading_comment_start(outer))
+            e = min(hi, outer.end_point.row)
+            if e < s or (pairs and s <= pairs[-1][1].end):  # overlapping (two defs on one line): stays in the gap
+                continue
+            pairs.append((definition, _Span(s, e)))
+        # gaps first so a container's header chunk is its first chunk
+        cursor = lo
+        for span in [p[1] for p in pairs] + [_Span(hi + 1, hi + 1)]:
+            if span.start > cursor:
+                self.chunks.extend(
+                    self.c._windows(self.path, self.display, self.lines, cursor, span.start - 1, kind, name, ctx[:-1])
+                )
+            cursor = span.end + 1
+        if ctx and len(self.chunks) > first_gap_index:
+            self._container_symbol_index = first_gap_index
+        for definition, span in pairs:
+            self._definition(definition, span, ctx, depth)
+
+    def _definition(self, node: Node, span: _Span, ctx: list[str], depth: int) -> None:
+        kind = self.spec.definitions[node.type]
+        name = definition_name(node)
+        if kind == "function" and ctx and self._container_kind in ("class", "interface", "impl", "trait"):
+            kind = "method"
+        container = ".".join(ctx) or None
+        if node.type in self.spec.containers and depth < 8:
+            saved = (self._container_kind, self._container_symbol_index)
+            self._container_kind = kind
+            self._container_symbol_index = -1
+            body = node.child_by_field_name("body") or node
+            scope_node = body if body.start_point.row >= span.start else node
+            self.scope(scope_node, span.start, span.end, ctx + [name or "<anonymous>"], depth + 1)
+            if name:
+                idx = self._container_symbol_index
+                self.symbols.append(Symbol(name, kind, self.path, span.start + 1, span.end + 1, container, idx))
+            self._container_kind, self._container_symbol_index = saved
+            return
+        first = len(self.chunks)
+        max_lines = max(1, self.c.config.max_chunk_lines)
+        signature = self.lines[node.start_point.row].strip() if node.start_point.row < len(self.lines) else ""
+        for start, end in self.c.split_range(self.lines, span.start, span.end, max_lines):
+            extra = "" if start == span.start else f"(continued) {signature[:200]}"
+            self.chunks.append(self.c._make(self.path, self.display, self.lines, start, end, kind, name, ctx, extra))
+        if name:
+            self.symbols.append(Symbol(name, kind, self.path, span.start + 1, span.end + 1, container, first))
+
+    def finish(self) -> ChunkedFile:
+        if self._pending_assign:
+            starts = [(c.start_line - 1, c.end_line - 1, i) for i, c in enumerate(self.chunks)]
+            for sym, row in self._pending_assign:
+                idx = next((i for s, e, i in starts if s <= row <= e), -1)
+                self.symbols.append(Symbol(sym.name, sym.kind, sym.path, sym.start_line, sym.end_line, sym.container, idx))
+        order = sorted(range(len(self.chunks)), key=lambda i: (self.chunks[i].start_line, i))
+        remap = {old: new for new, old in enumerate(order)}
+        chunks = [self.chunks[i] for i in order]
+        symbols = [
+            Symbol(s.name, s.kind, s.path, s.start_line, s.end_line, s.container, remap.get(s.chunk_index, -1))
+            for s in self.symbols
+        ]
+        return ChunkedFile(chunks, symbols, self.spec.name)

@@ -1,0 +1,275 @@
+"""Workspace discovery: which files may be indexed (ignore rules, limits, secrets) and reading them."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import re
+import stat
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pathspec import GitIgnoreSpec
+
+from .config import ALWAYS_IGNORED_DIRS, IndexConfig
+
+log = logging.getLogger(__name__)
+
+IGNORE_FILE_NAMES = (".gitignore", ".draftlineignore")  # later ones take precedence
+_BINARY_SNIFF_BYTES = 8192
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    """A discovered candidate file (not yet read)."""
+
+    path: str  # absolute, not symlink-resolved
+    mtime: float
+    size: int
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """A file's text as it will be indexed."""
+
+    path: str
+    text: str
+    mtime: float
+    size: int
+    digest: str
+
+
+@dataclass
+class WalkResult:
+    files: list[FileEntry] = field(default_factory=list)
+    skipped: Counter = field(default_factory=Counter)
+
+
+def content_digest(text: str) -> str:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
+
+
+class FileFilter:
+    """Decides whether a path under one of the roots may be indexed.
+
+    Nested ``.gitignore`` and ``.draftlineignore`` files, ``.git/info/exclude``,
+    ``IndexConfig.extra_ignore`` and the secrets rules are all applied here so the
+    walker, ``Index.touch`` and the watcher agree. Ignore files are read lazily and
+    cached; call :meth:`invalidate` when one changes.
+    """
+
+    def __init__(self, roots: list[Path], config: IndexConfig, extra_excluded_dirs: tuple[Path, ...] = ()):
+        self.roots = [Path(os.path.abspath(r)) for r in roots]
+        self.config = config
+        self._excluded_dirs = tuple(Path(os.path.abspath(d)) for d in extra_excluded_dirs)
+        self._dir_specs: dict[Path, list[GitIgnoreSpec]] = {}
+        self._root_specs: dict[Path, list[GitIgnoreSpec]] = {}
+        self._secret_names = GitIgnoreSpec.from_lines(config.secret_name_patterns)
+        self._secret_content = (
+            re.compile("|".join(f"(?:{p})" for p in config.secret_content_patterns))
+            if config.secret_content_patterns
+            else None
+        )
+
+    # ---- ignore rules -------------------------------------------------
+    def invalidate(self, directory: Path | None = None) -> None:
+        if directory is None:
+            self._dir_specs.clear()
+            self._root_specs.clear()
+        else:
+            self._dir_specs.pop(Path(os.path.abspath(directory)), None)
+
+    def root_of(self, path: Path) -> Path | None:
+        best = None
+        for root in self.roots:
+            if path == root or root in path.parents:
+                if best is None or len(root.parts) > len(best.parts):
+                    best = root
+        return best
+
+    def _read_spec(self, file: Path) -> GitIgnoreSpec | None:
+        try:
+            with open(file, encoding="utf-8", errors="replace") as fh:
+                return GitIgnoreSpec.from_lines(fh.read().splitlines())
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            log.warning("cannot read ignore file %s: %s", file, exc)
+            return None
+
+    def _specs_for_root(self, root: Path) -> list[GitIgnoreSpec]:
+        specs = self._root_specs.get(root)
+        if specs is None:
+            specs = []
+            exclude = self._read_spec(root / ".git" / "info" / "exclude")
+            if exclude is not None:
+                specs.append(exclude)
+            if self.config.extra_ignore:
+                specs.append(GitIgnoreSpec.from_lines(self.config.extra_ignore))
+            self._root_specs[root] = specs
+        return specs
+
+    def _specs_for_dir(self, directory: Path) -> list[GitIgnoreSpec]:
+        specs = self._dir_specs.get(directory)
+        if specs is None:
+            specs = [s for s in (self._read_spec(directory / n) for n in IGNORE_FILE_NAMES) if s is not None]
+            self._dir_specs[directory] = specs
+        return specs
+
+    def _ignored_by_rules(self, root: Path, path: Path, is_dir: bool) -> bool:
+        """Git semantics: the last matching pattern wins, deeper files override shallower ones."""
+        suffix = "/" if is_dir else ""
+        result: bool | None = None
+        rel_root = path.relative_to(root).as_posix() + suffix
+        for spec in self._specs_for_root(root):
+            r = spec.check_file(rel_root).include
+            if r is not None:
+                result = r
+        directory = root
+        rel_parts = path.relative_to(root).parts
+        for depth in range(len(rel_parts)):
+            rel = "/".join(rel_parts[depth:]) + suffix
+            for spec in self._specs_for_dir(directory):
+                r = spec.check_file(rel).include
+                if r is not None:
+                    result = r
+            directory = directory / rel_parts[depth]
+        return bool(result)
+
+    def _is_excluded_dir(self, path: Path) -> bool:
+        return any(path == d or d in path.parents for d in self._excluded_dirs)
+
+    def entry_reason(self, root: Path, path: Path, is_dir: bool) -> str | None:
+        """Reason to skip one walk entry whose ancestors were already accepted, or None."""
+        if is_dir and path.name in ALWAYS_IGNORED_DIRS:
+            return "ignored"
+        if self._is_excluded_dir(path):
+            return "ignored"
+        if self._ignored_by_rules(root, path, is_dir):
+            return "ignored"
+        if not is_dir and self.config.exclude_secrets and self._secret_names.match_file(path.name):
+            return "secret_name"
+        return None
+
+    def path_reason(self, path: Path) -> str | None:
+        """Full check for a single path (ancestors included): why it is skipped, or None."""
+        path = Path(os.path.abspath(path))
+        root = self.root_of(path)
+        if root is None or path == root:
+            return "outside_roots"
+        rel = path.relative_to(root).parts
+        current = root
+        for part in rel[:-1]:
+            current = current / part
+            reason = self.entry_reason(root, current, True)
+            if reason:
+                return reason
+        return self.entry_reason(root, path, False)
+
+    def content_is_secret(self, text: str) -> bool:
+        return bool(self.config.exclude_secrets and self._secret_content and self._secret_content.search(text))
+
+    # ---- walking ------------------------------------------------------
+    def walk(self) -> WalkResult:
+        result = WalkResult()
+        seen_dirs: set[tuple[int, int]] = set()
+        seen_files: set[str] = set()
+        for root in self.roots:
+            try:
+                st = os.stat(root)
+            except OSError as exc:
+                log.warning("workspace root %s unreadable: %s", root, exc)
+                result.skipped["unreadable"] += 1
+                continue
+            seen_dirs.add((st.st_dev, st.st_ino))
+            self._walk_dir(root, root, result, seen_dirs, seen_files)
+        return result
+
+    def _skip(self, result: WalkResult, path: Path, reason: str, detail: object = "") -> None:
+        result.skipped[reason] += 1
+        level = logging.DEBUG if reason == "ignored" else logging.INFO
+        log.log(level, "skip %s (%s) %s", path, reason, detail)
+
+    def _walk_dir(self, root, directory, result, seen_dirs, seen_files) -> None:
+        try:
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            self._skip(result, directory, "unreadable", exc)
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                is_link = entry.is_symlink()
+                if is_link and not self.config.follow_symlinks:
+                    self._skip(result, path, "symlink")
+                    continue
+                st = os.stat(path)  # follows symlinks
+            except FileNotFoundError:
+                self._skip(result, path, "broken_symlink" if os.path.islink(path) else "vanished")
+                continue
+            except OSError as exc:
+                reason = "symlink_loop" if exc.errno == errno.ELOOP else "unreadable"
+                self._skip(result, path, reason, exc)
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            reason = self.entry_reason(root, path, is_dir)
+            if reason:
+                self._skip(result, path, reason)
+                continue
+            if is_dir:
+                key = (st.st_dev, st.st_ino)
+                if key in seen_dirs:
+                    self._skip(result, path, "symlink_loop" if is_link else "duplicate_dir")
+                    continue
+                seen_dirs.add(key)
+                self._walk_dir(root, path, result, seen_dirs, seen_files)
+            elif stat.S_ISREG(st.st_mode):
+                if st.st_size > self.config.max_file_bytes:
+                    self._skip(result, path, "too_large", st.st_size)
+                    continue
+                if is_link:
+                    real = os.path.realpath(path)
+                    if real in seen_files:
+                        self._skip(result, path, "duplicate_file")
+                        continue
+                    seen_files.add(real)
+                result.files.append(FileEntry(str(path), st.st_mtime, st.st_size))
+            else:
+                self._skip(result, path, "not_regular")
+
+    # ---- reading ------------------------------------------------------
+    def read(self, path: str, overlay: str | None = None) -> tuple[SourceFile | None, str | None]:
+        """Read one file (or its unsaved overlay text); returns (file, None) or (None, reason)."""
+        if overlay is not None:
+            if self.content_is_secret(overlay):
+                return None, "secret_content"
+            return SourceFile(path, overlay, -1.0, len(overlay.encode("utf-8", "replace")), content_digest(overlay)), None
+        try:
+            st = os.stat(path)
+            if not stat.S_ISREG(st.st_mode):
+                return None, "not_regular"
+            if st.st_size > self.config.max_file_bytes:
+                return None, "too_large"
+            with open(path, "rb") as fh:
+                data = fh.read(self.config.max_file_bytes + 1)
+        except FileNotFoundError:
+            return None, "vanished"
+        except OSError as exc:
+            return None, "symlink_loop" if exc.errno == errno.ELOOP else "unreadable"
+        if len(data) > self.config.max_file_bytes:
+            return None, "too_large"
+        if b"\0" in data[:_BINARY_SNIFF_BYTES]:
+            return None, "binary"
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None, "not_utf8"
+        if text.startswith("\ufeff"):
+            text = text[1:]
+        if self.content_is_secret(text):
+            return None, "secret_content"
+        return SourceFile(path, text, st.st_mtime, st.st_size, content_digest(text)), None

@@ -1,0 +1,395 @@
+"""The Index facade: build/refresh, incremental touch/remove, hybrid search and definitions lookup."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .bm25 import Bm25Index, chunk_tokens
+from .chunker import Chunker
+from .config import IndexConfig
+from .dense import Embedder, make_embedder
+from .files import FileFilter, SourceFile
+from .models import Chunk, IndexStats, Symbol
+from .store import FileRecord, Store
+from .vectors import VectorMatrix
+from .worker import CoalescingWorker
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, str], None]
+MODES = ("hybrid", "bm25", "dense")
+_DEFAULT = object()
+
+
+class Index:
+    """A workspace index. Thread-safe: searches may run while the background worker updates.
+
+    ``embedder``: leave out to build the one ``config.embedder`` names, pass ``None`` for
+    BM25 only, or pass any :class:`Embedder`.
+    """
+
+    def __init__(self, roots: Iterable[Path | str], config: IndexConfig | None = None, embedder=_DEFAULT):
+        self.roots = [Path(os.path.abspath(r)) for r in roots]
+        if not self.roots:
+            raise ValueError("Index needs at least one root")
+        self.config = config or IndexConfig()
+        self.cache_dir = self.config.resolved_cache_dir(self.roots)
+        if embedder is _DEFAULT:
+            embedder = make_embedder(self.config.embedder, self.config.resolved_model_cache_dir(),
+                                     self.config.model2vec_dims)
+        self.embedder: Embedder | None = embedder
+        self.filter = FileFilter(self.roots, self.config, extra_excluded_dirs=(self.cache_dir,))
+        self.chunker = Chunker(self.config)
+        dim = embedder.dim if embedder is not None else 0
+        self.store = Store(self.cache_dir, embedder.name if embedder is not None else "none", dim)
+        self.bm25 = Bm25Index(self.config.bm25_df_cutoff, self.config.max_query_tokens)
+        self.vectors = VectorMatrix(dim) if embedder is not None else None
+        self._lock = threading.RLock()  # in-memory maps
+        self._write_lock = threading.Lock()  # one writer at a time (build or worker)
+        self._chunks: dict[int, Chunk] = {}
+        self._tokens: dict[int, str] = {}  # chunk id -> indexed token string (reused on re-index)
+        self._path_chunks: dict[str, list[int]] = {}
+        self._symbols: dict[str, list[Symbol]] = defaultdict(list)
+        self._path_symbols: dict[str, list[Symbol]] = {}
+        self._digests: dict[str, str] = {}
+        self._overlays: dict[str, str] = {}
+        self._walk_skipped: Counter = Counter()
+        self._content_skipped: dict[str, str] = {}
+        self._last_index_s = 0.0
+        self._worker: CoalescingWorker | None = None
+        self._closed = False
+        self._load()
+
+    # ---- lifecycle ------------------------------------------------------
+    def __enter__(self) -> "Index":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._worker is not None:
+            self._worker.close()
+            self._worker = None
+        self.bm25.close()
+        self.store.close()
+
+    def _load(self) -> None:
+        """Fill memory from the store; only chunks lacking a vector (new embedder) are embedded."""
+        t0 = time.perf_counter()
+        states = self.store.file_states()
+        self._digests = {p: s.digest for p, s in states.items()}
+        missing: list[Chunk] = []
+        ids: list[int] = []
+        vecs: list[np.ndarray] = []
+        for stored in self.store.iter_chunks():
+            chunk = stored.chunk
+            self._chunks[chunk.id] = chunk
+            self._tokens[chunk.id] = stored.tokens
+            self._path_chunks.setdefault(chunk.path, []).append(chunk.id)
+            self.bm25.add(chunk.id, chunk.path, stored.tokens)
+            if self.vectors is not None:
+                if stored.vector is None:
+                    missing.append(chunk)
+                else:
+                    ids.append(chunk.id)
+                    vecs.append(stored.vector)
+        if self.vectors is not None and ids:
+            self.vectors.add(ids, np.vstack(vecs))
+        for sym in self.store.symbols():
+            self._symbols[sym.name].append(sym)
+            self._path_symbols.setdefault(sym.path, []).append(sym)
+        self.bm25.commit()
+        if missing and self.embedder is not None:
+            log.info("embedding %d stored chunks for %s", len(missing), self.embedder.name)
+            step = self.config.embed_batch
+            for i in range(0, len(missing), step):
+                part = missing[i : i + step]
+                mat = self.embedder.embed([c.indexed_text for c in part])
+                self.store.put_vectors([c.id for c in part], mat)
+                self.vectors.add([c.id for c in part], mat)
+        if self._chunks:
+            log.info("loaded %d files, %d chunks in %.2fs", len(states), len(self._chunks), time.perf_counter() - t0)
+
+    # ---- building -------------------------------------------------------
+    def build(self, progress: Progress | None = None) -> dict:
+        """Walk the roots and bring the index up to date (only changed files are re-read)."""
+        t0 = time.perf_counter()
+        with self._write_lock:
+            walk = self.filter.walk()
+            states = self.store.file_states()
+            with self._lock:
+                self._walk_skipped = walk.skipped
+                self._content_skipped = {}
+            seen = {e.path for e in walk.files}
+            gone = [p for p in states if p not in seen and p not in self._overlays]
+            todo = [e for e in walk.files
+                    if e.path in self._overlays or e.path not in states
+                    or states[e.path].mtime != e.mtime or states[e.path].size != e.size]
+            total = len(todo)
+            if progress:
+                progress(0, total, f"{len(walk.files)} files, {total} to index")
+            removals = list(gone)
+            batch: list[SourceFile] = []
+            batch_chunks = 0
+            done = 0
+            for entry in todo:
+                src, reason = self.filter.read(entry.path, self._overlays.get(entry.path))
+                done += 1
+                if src is None:
+                    self._note_skip(entry.path, reason)
+                    if entry.path in states:
+                        removals.append(entry.path)
+                    continue
+                old = states.get(entry.path)
+                if old is not None and old.digest == src.digest and entry.path not in self._overlays:
+                    self.store.set_file_state(entry.path, src.mtime, src.size)  # touched, not changed
+                    continue
+                batch.append(src)
+                batch_chunks += max(1, len(src.text) // 1500)
+                if batch_chunks >= self.config.embed_batch:
+                    self._commit_sources(batch, removals)
+                    removals, batch, batch_chunks = [], [], 0
+                    if progress:
+                        progress(done, total, entry.path)
+            self._commit_sources(batch, removals)
+            if progress:
+                progress(total, total, "done")
+        self._last_index_s = time.perf_counter() - t0
+        st = self.stats()
+        return {"files": st.files, "chunks": st.chunks, "chars": st.chars, "symbols": st.symbols,
+                "seconds": round(self._last_index_s, 3), "skipped": st.skipped, "indexed_now": total}
+
+    refresh = build
+
+    def _note_skip(self, path: str, reason: str | None) -> None:
+        if reason and reason not in ("vanished", "outside_roots", "ignored"):
+            with self._lock:
+                self._content_skipped[path] = reason
+            log.info("skip %s (%s)", path, reason)
+
+    def _display(self, path: str) -> str:
+        root = self.filter.root_of(Path(path))
+        return os.path.relpath(path, root) if root is not None else path
+
+    def _records(self, sources: list[SourceFile]) -> list[FileRecord]:
+        """Chunk, tokenize and embed; unchanged chunks of a re-indexed file reuse their tokens and vector."""
+        chunked = [self.chunker.chunk(s.path, s.text, self._display(s.path)) for s in sources]
+        records = []
+        todo: list[tuple[int, int, str]] = []  # (record, chunk, text) needing a vector
+        for s, cf in zip(sources, chunked):
+            with self._lock:
+                previous = {self._chunks[cid].indexed_text: cid for cid in self._path_chunks.get(s.path, ())
+                            if cid in self._chunks}
+            tokens, vecs = [], []
+            for j, chunk in enumerate(cf.chunks):
+                text = chunk.indexed_text
+                old = previous.get(text)
+                tok = self._tokens.get(old) if old is not None else None
+                vec = self.vectors.get(old) if old is not None and self.vectors is not None else None
+                tokens.append(tok if tok is not None else chunk_tokens(text))
+                vecs.append(vec)
+                if vec is None and self.embedder is not None:
+                    todo.append((len(records), j, text))
+            records.append((s, cf, tokens, vecs))
+        if todo:
+            mat = self.embedder.embed([t for _, _, t in todo])
+            for (r, j, _), vec in zip(todo, mat):
+                records[r][3][j] = vec
+        return [
+            FileRecord(s.path, s.mtime, s.size, s.digest, cf.language, cf.chunks, tokens, cf.symbols,
+                       np.vstack(vecs) if self.embedder is not None and vecs else None)
+            for s, cf, tokens, vecs in records
+        ]
+
+    def _commit_sources(self, sources: list[SourceFile], removals: list[str]) -> None:
+        """Persist then publish: store first (one transaction), memory second."""
+        records = self._records(sources) if sources else []
+        ids = self.store.write_files(records) if records else []
+        self.store.delete_files(removals)
+        with self._lock:
+            for path in removals:
+                self._forget(path)
+            for rec, rec_ids in zip(records, ids):
+                self._forget(rec.path)
+                self._publish(rec, rec_ids)
+        self.bm25.commit()
+
+    def _forget(self, path: str) -> None:
+        old = self._path_chunks.pop(path, [])
+        if old:
+            self.bm25.remove_path(path)
+            if self.vectors is not None:
+                self.vectors.remove(old)
+            for cid in old:
+                self._chunks.pop(cid, None)
+                self._tokens.pop(cid, None)
+        for sym in self._path_symbols.pop(path, []):
+            lst = self._symbols.get(sym.name)
+            if lst:
+                lst[:] = [s for s in lst if s.path != path]
+                if not lst:
+                    del self._symbols[sym.name]
+        self._digests.pop(path, None)
+
+    def _publish(self, rec: FileRecord, ids: list[int]) -> None:
+        chunks = [replace(c, id=cid) for c, cid in zip(rec.chunks, ids)]
+        for c, tokens in zip(chunks, rec.tokens):
+            self._chunks[c.id] = c
+            self._tokens[c.id] = tokens
+            self.bm25.add(c.id, c.path, tokens)
+        self._path_chunks[rec.path] = ids
+        if self.vectors is not None and rec.vectors is not None and ids:
+            self.vectors.add(ids, rec.vectors)
+        syms = [replace(s, chunk_id=ids[s.chunk_index] if 0 <= s.chunk_index < len(ids) else -1) for s in rec.symbols]
+        self._path_symbols[rec.path] = syms
+        for s in syms:
+            self._symbols[s.name].append(s)
+        self._digests[rec.path] = rec.digest
+
+    # ---- incremental updates ------------------------------------------
+    def _ensure_worker(self) -> CoalescingWorker:
+        if self._worker is None:
+            self._worker = CoalescingWorker(self._update_batch)
+        return self._worker
+
+    def touch(self, path: Path | str, text: str | None = None) -> None:
+        """Mark a file changed. ``text`` is an unsaved buffer that overrides the disk until ``touch(path)``."""
+        p = os.path.abspath(path)
+        with self._lock:
+            if text is None:
+                self._overlays.pop(p, None)
+            else:
+                self._overlays[p] = text
+        if os.path.basename(p) in (".gitignore", ".draftlineignore"):
+            self.filter.invalidate(Path(p).parent)
+        self._ensure_worker().submit(p)
+
+    def close_overlay(self, path: Path | str) -> None:
+        self.touch(path)
+
+    def remove(self, path: Path | str) -> None:
+        """Drop a file (or every file under a directory) from the index."""
+        p = os.path.abspath(path)
+        with self._lock:
+            self._overlays.pop(p, None)
+            prefix = p.rstrip(os.sep) + os.sep
+            under = [q for q in self._path_chunks if q.startswith(prefix)] + \
+                    [q for q in self._digests if q.startswith(prefix)]
+        worker = self._ensure_worker()
+        worker.submit(p, remove=True)
+        for q in set(under):
+            worker.submit(q, remove=True)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every touch/remove so far is searchable. False on timeout."""
+        return self._worker.flush(timeout) if self._worker is not None else True
+
+    def _update_batch(self, batch: dict[str, bool]) -> None:
+        t0 = time.perf_counter()
+        with self._write_lock:
+            sources: list[SourceFile] = []
+            removals: list[str] = []
+            for path, force_remove in batch.items():
+                known = path in self._digests
+                if force_remove:
+                    if known:
+                        removals.append(path)
+                    continue
+                reason = self.filter.path_reason(Path(path))
+                src = None
+                if reason is None:
+                    with self._lock:
+                        overlay = self._overlays.get(path)
+                    src, reason = self.filter.read(path, overlay)
+                if src is None:
+                    self._note_skip(path, reason)
+                    if known:
+                        removals.append(path)
+                    continue
+                with self._lock:
+                    self._content_skipped.pop(path, None)
+                if self._digests.get(path) == src.digest:
+                    continue
+                sources.append(src)
+            if sources or removals:
+                self._commit_sources(sources, removals)
+        log.debug("updated %d path(s) in %.1f ms", len(batch), (time.perf_counter() - t0) * 1e3)
+
+    # ---- queries ----------------------------------------------------------
+    def search(self, query: str, k: int = 10, exclude: Path | str | None = None, mode: str = "hybrid") -> list[Chunk]:
+        """Top-k chunks for ``query``; ``exclude`` leaves one file out (the one being edited)."""
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
+        if k <= 0 or not query.strip():
+            return []
+        excl = os.path.abspath(exclude) if exclude is not None else None
+        depth = max(k, self.config.fusion_depth) if mode == "hybrid" else k
+        ranked: list[list[tuple[int, float]]] = []
+        if mode in ("bm25", "hybrid"):
+            ranked.append([(h.chunk_id, h.score) for h in self.bm25.search(query, depth, excl)])
+        if mode in ("dense", "hybrid") and self.vectors is not None and self.embedder is not None:
+            qv = self.embedder.embed([query])[0]
+            with self._lock:
+                skip = set(self._path_chunks.get(excl, ())) if excl else None
+            ranked.append([(h.chunk_id, h.score) for h in self.vectors.search(qv, depth, skip)])
+        if len(ranked) == 1:
+            scored = ranked[0]
+        else:
+            fused: dict[int, float] = defaultdict(float)
+            for hits in ranked:
+                for rank, (cid, _) in enumerate(hits):
+                    fused[cid] += 1.0 / (self.config.rrf_k + rank + 1)
+            scored = sorted(fused.items(), key=lambda kv: -kv[1])
+        out: list[Chunk] = []
+        with self._lock:
+            for cid, score in scored:
+                chunk = self._chunks.get(cid)
+                if chunk is None or chunk.path == excl:
+                    continue
+                out.append(replace(chunk, score=float(score)))
+                if len(out) >= k:
+                    break
+        return out
+
+    def definitions(self, name: str) -> list[Symbol]:
+        """Definitions of ``name`` (functions, classes, methods, module-level names) across the workspace."""
+        with self._lock:
+            return list(self._symbols.get(name, ()))
+
+    def chunk(self, chunk_id: int) -> Chunk | None:
+        with self._lock:
+            return self._chunks.get(chunk_id)
+
+    def chunks_for(self, path: Path | str) -> list[Chunk]:
+        with self._lock:
+            return [self._chunks[c] for c in self._path_chunks.get(os.path.abspath(path), []) if c in self._chunks]
+
+    def stats(self) -> IndexStats:
+        with self._lock:
+            skipped = Counter(self._walk_skipped)
+            skipped.update(self._content_skipped.values())
+            return IndexStats(
+                files=len(self._digests),
+                chunks=len(self._chunks),
+                chars=sum(len(c.text) for c in self._chunks.values()),
+                symbols=sum(len(v) for v in self._path_symbols.values()),
+                vectors=len(self.vectors) if self.vectors is not None else 0,
+                skipped=dict(sorted(skipped.items())),
+                last_index_seconds=round(self._last_index_s, 3),
+                pending=self._worker.pending if self._worker is not None else 0,
+                embedder=self.embedder.name if self.embedder is not None else "none",
+                cache_dir=str(self.cache_dir),
+            )

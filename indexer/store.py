@@ -1,0 +1,207 @@
+"""SQLite (WAL) persistence of files, chunks, token strings, vectors and symbols; one transaction per batch of whole files."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from .models import Chunk, Symbol
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = "1"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS files(
+    path TEXT PRIMARY KEY, mtime REAL NOT NULL, size INTEGER NOT NULL, digest TEXT NOT NULL, language TEXT);
+CREATE TABLE IF NOT EXISTS chunks(
+    id INTEGER PRIMARY KEY AUTOINCREMENT, path TEXT NOT NULL, start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT, header TEXT NOT NULL, text TEXT NOT NULL,
+    tokens TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS chunks_path ON chunks(path);
+CREATE TABLE IF NOT EXISTS vectors(chunk_id INTEGER PRIMARY KEY, vec BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS symbols(
+    name TEXT NOT NULL, kind TEXT NOT NULL, path TEXT NOT NULL, start_line INTEGER NOT NULL,
+    end_line INTEGER NOT NULL, container TEXT, chunk_id INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS symbols_name ON symbols(name);
+CREATE INDEX IF NOT EXISTS symbols_path ON symbols(path);
+"""
+
+
+@dataclass(frozen=True)
+class FileState:
+    mtime: float
+    size: int
+    digest: str
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """Everything persisted for one file in one update."""
+
+    path: str
+    mtime: float
+    size: int
+    digest: str
+    language: str | None
+    chunks: list[Chunk]
+    tokens: list[str]  # one whitespace-joined token string per chunk
+    symbols: list[Symbol]  # chunk_index refers into chunks
+    vectors: np.ndarray | None  # (len(chunks), dim) or None
+
+
+@dataclass(frozen=True)
+class StoredChunk:
+    chunk: Chunk
+    tokens: str
+    vector: np.ndarray | None
+
+
+class Store:
+    """The on-disk index. Thread-safe (one connection behind a lock)."""
+
+    def __init__(self, directory: Path, embedder_name: str, dim: int):
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.path = self.directory / "index.sqlite3"
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._dim = dim
+        self._check_meta(embedder_name, dim)
+
+    def _meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def _check_meta(self, embedder_name: str, dim: int) -> None:
+        with self._lock:
+            if self._meta("schema") not in (None, SCHEMA_VERSION):
+                log.warning("index schema changed; clearing %s", self.path)
+                self._db.executescript("DELETE FROM files; DELETE FROM chunks; DELETE FROM vectors; DELETE FROM symbols;")
+            space = f"{embedder_name}:{dim}"
+            if self._meta("vector_space") != space:
+                if self._meta("vector_space") is not None:
+                    log.info("embedder changed to %s; stored vectors dropped", space)
+                self._db.execute("DELETE FROM vectors")
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES('schema', ?)", (SCHEMA_VERSION,))
+            self._db.execute("INSERT OR REPLACE INTO meta VALUES('vector_space', ?)", (space,))
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    # ---- reads ------------------------------------------------------------
+    def file_states(self) -> dict[str, FileState]:
+        with self._lock:
+            rows = self._db.execute("SELECT path, mtime, size, digest FROM files").fetchall()
+        return {p: FileState(m, s, d) for p, m, s, d in rows}
+
+    def iter_chunks(self) -> Iterator[StoredChunk]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT c.id, c.path, c.start_line, c.end_line, c.kind, c.name, c.header, c.text, c.tokens, v.vec "
+                "FROM chunks c LEFT JOIN vectors v ON v.chunk_id = c.id ORDER BY c.id"
+            ).fetchall()
+        for cid, path, s, e, kind, name, header, text, tokens, blob in rows:
+            vec = np.frombuffer(blob, dtype=np.float32) if blob is not None else None
+            if vec is not None and vec.shape[0] != self._dim:
+                vec = None
+            yield StoredChunk(Chunk(path, s, e, text, kind, name, 0.0, header, cid), tokens, vec)
+
+    def symbols(self) -> list[Symbol]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT name, kind, path, start_line, end_line, container, chunk_id FROM symbols"
+            ).fetchall()
+        return [Symbol(n, k, p, s, e, c, -1, cid) for n, k, p, s, e, c, cid in rows]
+
+    # ---- writes -----------------------------------------------------------
+    def write_files(self, records: list[FileRecord]) -> list[list[int]]:
+        """Replace each record's file atomically (all records in one transaction). Returns chunk ids."""
+        all_ids: list[list[int]] = []
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                for rec in records:
+                    self._delete_path(cur, rec.path)
+                    ids: list[int] = []
+                    for i, (chunk, tokens) in enumerate(zip(rec.chunks, rec.tokens)):
+                        cur.execute(
+                            "INSERT INTO chunks(path, start_line, end_line, kind, name, header, text, tokens) "
+                            "VALUES(?,?,?,?,?,?,?,?)",
+                            (rec.path, chunk.start_line, chunk.end_line, chunk.kind, chunk.name, chunk.header,
+                             chunk.text, tokens),
+                        )
+                        cid = int(cur.lastrowid)
+                        ids.append(cid)
+                        if rec.vectors is not None:
+                            vec = np.ascontiguousarray(rec.vectors[i], dtype=np.float32)
+                            cur.execute("INSERT INTO vectors VALUES(?, ?)", (cid, vec.tobytes()))
+                    cur.executemany(
+                        "INSERT INTO symbols VALUES(?,?,?,?,?,?,?)",
+                        [
+                            (s.name, s.kind, rec.path, s.start_line, s.end_line, s.container,
+                             ids[s.chunk_index] if 0 <= s.chunk_index < len(ids) else -1)
+                            for s in rec.symbols
+                        ],
+                    )
+                    cur.execute(
+                        "INSERT OR REPLACE INTO files VALUES(?,?,?,?,?)",
+                        (rec.path, rec.mtime, rec.size, rec.digest, rec.language),
+                    )
+                    all_ids.append(ids)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+        return all_ids
+
+    @staticmethod
+    def _delete_path(cur: sqlite3.Cursor, path: str) -> None:
+        cur.execute("DELETE FROM vectors WHERE chunk_id IN (SELECT id FROM chunks WHERE path=?)", (path,))
+        cur.execute("DELETE FROM chunks WHERE path=?", (path,))
+        cur.execute("DELETE FROM symbols WHERE path=?", (path,))
+        cur.execute("DELETE FROM files WHERE path=?", (path,))
+
+    def delete_files(self, paths: list[str]) -> None:
+        if not paths:
+            return
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                for path in paths:
+                    self._delete_path(cur, path)
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+
+    def set_file_state(self, path: str, mtime: float, size: int) -> None:
+        with self._lock:
+            self._db.execute("UPDATE files SET mtime=?, size=? WHERE path=?", (mtime, size, path))
+
+    def put_vectors(self, chunk_ids: list[int], vectors: np.ndarray) -> None:
+        with self._lock:
+            cur = self._db.cursor()
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                cur.executemany(
+                    "INSERT OR REPLACE INTO vectors VALUES(?, ?)",
+                    [(cid, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for cid, v in zip(chunk_ids, vectors)],
+                )
+                cur.execute("COMMIT")
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise

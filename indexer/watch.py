@@ -1,0 +1,172 @@
+"""Filesystem watching: a watchdog observer feeding debounced touch/remove calls to an index."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Protocol
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+log = logging.getLogger(__name__)
+
+_RELEVANT = {"created", "modified", "closed", "deleted", "moved"}
+
+
+class IndexSink(Protocol):
+    def touch(self, path: Path | str) -> None: ...
+
+    def remove(self, path: Path | str) -> None: ...
+
+
+class Watcher:
+    """Watches ``roots`` recursively and forwards settled changes to ``sink``.
+
+    Events are collected until nothing has arrived for ``debounce_s`` (bounded by
+    ``max_delay_s``), then each changed path is touched or removed once.
+    ``is_ignored(path)`` filters paths (ignore rules, secrets); anything under
+    ``ignore_dirs`` (the cache directory, .git) is dropped outright.
+    """
+
+    def __init__(
+        self,
+        roots: Iterable[Path | str],
+        sink: IndexSink,
+        is_ignored: Callable[[str], bool],
+        ignore_dirs: Iterable[Path | str] = (),
+        debounce_s: float = 0.15,
+        max_delay_s: float = 2.0,
+    ):
+        self.roots = [os.path.abspath(r) for r in roots]
+        self.sink = sink
+        self.is_ignored = is_ignored
+        self.ignore_prefixes = tuple(os.path.abspath(d).rstrip(os.sep) + os.sep for d in ignore_dirs)
+        self.debounce_s = debounce_s
+        self.max_delay_s = max_delay_s
+        self._pending: dict[str, str] = {}  # path -> "touch" | "remove" | "touch_dir"
+        self._first_at = 0.0
+        self._last_at = 0.0
+        self._cond = threading.Condition()
+        self._stop = False
+        self._observer = Observer()
+        self._thread = threading.Thread(target=self._run, name="draftline-watch", daemon=True)
+
+    # ---- lifecycle ------------------------------------------------------
+    def start(self) -> "Watcher":
+        handler = _Handler(self._on_event)
+        for root in self.roots:
+            self._observer.schedule(handler, root, recursive=True)
+        self._observer.start()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._observer.stop()
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._observer.join(5)
+        self._thread.join(5)
+
+    def __enter__(self) -> "Watcher":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    # ---- events -----------------------------------------------------------
+    def _dropped(self, path: str) -> bool:
+        if (path + os.sep).startswith(self.ignore_prefixes):
+            return True
+        return f"{os.sep}.git{os.sep}" in path + os.sep
+
+    def _note(self, path: str, action: str) -> None:
+        if not path or self._dropped(path):
+            return
+        now = time.monotonic()
+        with self._cond:
+            if not self._pending:
+                self._first_at = now
+            self._pending[path] = action
+            self._last_at = now
+            self._cond.notify_all()
+
+    def _on_event(self, event: FileSystemEvent) -> None:
+        if event.event_type not in _RELEVANT:
+            return
+        src = os.fsdecode(event.src_path)
+        if event.event_type == "deleted":
+            self._note(src, "remove")
+        elif event.event_type == "moved":
+            self._note(src, "remove")
+            dest = os.fsdecode(event.dest_path)
+            self._note(dest, "touch_dir" if event.is_directory else "touch")
+        elif event.is_directory:
+            if event.event_type == "created":
+                self._note(src, "touch_dir")
+        else:
+            self._note(src, "touch")
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._pending or self._stop)
+                if self._stop:
+                    return
+                while not self._stop:
+                    now = time.monotonic()
+                    quiet_left = self._last_at + self.debounce_s - now
+                    hard_left = self._first_at + self.max_delay_s - now
+                    wait = min(quiet_left, hard_left)
+                    if wait <= 0:
+                        break
+                    self._cond.wait(wait)
+                batch, self._pending = self._pending, {}
+            self._dispatch(batch)
+
+    def _dispatch(self, batch: dict[str, str]) -> None:
+        for path, action in batch.items():
+            try:
+                if action == "remove":
+                    self.sink.remove(path)
+                elif action == "touch_dir":
+                    for dirpath, dirnames, filenames in os.walk(path):
+                        dirnames[:] = [d for d in dirnames if not self.is_ignored(os.path.join(dirpath, d) + os.sep)]
+                        for name in filenames:
+                            full = os.path.join(dirpath, name)
+                            if not self.is_ignored(full):
+                                self.sink.touch(full)
+                elif not self.is_ignored(path):
+                    self.sink.touch(path)
+            except Exception:  # a bad event must not kill the watcher thread
+                log.exception("watch event for %s failed", path)
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, callback: Callable[[FileSystemEvent], None]):
+        super().__init__()
+        self._callback = callback
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        self._callback(event)
+
+
+def watch_index(index, debounce_s: float | None = None) -> Watcher:
+    """Start a Watcher wired to an :class:`indexer.Index` (its filter, its cache dir)."""
+
+    def ignored(path: str) -> bool:
+        if path.endswith(os.sep):
+            return index.filter.path_reason(Path(path.rstrip(os.sep)) / "x") == "ignored"
+        return index.filter.path_reason(Path(path)) is not None
+
+    return Watcher(
+        index.roots,
+        index,
+        ignored,
+        ignore_dirs=[index.cache_dir],
+        debounce_s=index.config.debounce_s if debounce_s is None else debounce_s,
+    ).start()
