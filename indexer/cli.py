@@ -157,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     add_search_arguments(sub.add_parser("search"))
     add_bench_index_arguments(sub.add_parser("bench-index"))
     add_bench_retrieval_arguments(sub.add_parser("bench-retrieval"))
-    return dispatch(parser.parse_args(argv).cmd, parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    return dispatch(args.cmd, args)
 
 
 def dispatch(cmd: str, a: argparse.Namespace) -> int:
