@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import torch
 
-from engine.model import common_prefix_len
+from engine.model import prefill_reusing
 
 log = logging.getLogger(__name__)
 
@@ -96,12 +96,7 @@ class LeanLM:
         del self.tokens[n:]  # positions >= n are simply overwritten later
 
     def prefill(self, tokens: Sequence[int]) -> tuple[torch.Tensor, int]:
-        if not tokens:
-            raise ValueError("prefill needs at least one token")
-        reused = min(common_prefix_len(self.tokens, tokens), len(tokens) - 1)
-        self.truncate(reused)
-        logits = self.forward(tokens[reused:], keep_logits=1)
-        return logits[-1], reused
+        return prefill_reusing(self, tokens)
 
     @staticmethod
     def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

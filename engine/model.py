@@ -83,6 +83,20 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
+def prefill_reusing(lm, tokens: Sequence[int]) -> tuple[torch.Tensor, int]:
+    """Make `lm` (CachedLM or LeanLM) hold `tokens`, reusing the longest common prefix exactly.
+
+    Returns (logits of the last position (V,), number of reused tokens). At least the last token
+    is always run so its logits are fresh.
+    """
+    if not tokens:
+        raise ValueError("prefill needs at least one token")
+    reused = min(common_prefix_len(lm.tokens, tokens), len(tokens) - 1)
+    lm.truncate(reused)
+    logits = lm.forward(tokens[reused:], keep_logits=1)
+    return logits[-1], reused
+
+
 class CachedLM:
     """One model's KV cache over a token sequence: append tokens, get logits, drop a tail.
 
@@ -144,17 +158,7 @@ class CachedLM:
         return logits
 
     def prefill(self, tokens: Sequence[int]) -> tuple[torch.Tensor, int]:
-        """Make the cache hold `tokens`, reusing the longest common prefix exactly.
-
-        Returns (logits of the last position (V,), number of reused tokens). At least the last
-        token is always run so its logits are fresh.
-        """
-        if not tokens:
-            raise ValueError("prefill needs at least one token")
-        reused = min(common_prefix_len(self.tokens, tokens), len(tokens) - 1)
-        self.truncate(reused)
-        logits = self.forward(tokens[reused:], keep_logits=1)
-        return logits[-1], reused
+        return prefill_reusing(self, tokens)
 
     def reset(self) -> None:
         self._cache = None
