@@ -43,7 +43,8 @@ def _train(args: argparse.Namespace) -> int:
 
     defaults = TrainConfig()
     cfg = TrainConfig(out=args.out or defaults.out, minutes=args.minutes, resume=args.resume, seed=args.seed,
-                      threads=args.threads)
+                      threads=args.threads, lr=args.lr or defaults.lr,
+                      draft_lr=args.draft_lr or defaults.draft_lr)
     train(cfg)
     return 0
 
@@ -88,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", action="store_true", help="continue from the models (and optimizer) in --out")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    tr.add_argument("--lr", type=float, help="peak target learning rate of this run's cosine (default 2e-3)")
+    tr.add_argument("--draft-lr", type=float, help="peak draft learning rate (default 3e-3)")
     tr.set_defaults(func=_train)
 
     bench = sub.add_parser("bench", help="benchmarks (each prints the numbers the README quotes)")

@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -17,6 +18,7 @@ from typing import Any, Protocol
 
 from engine.types import CompletionRequest, CompletionResult, CompletionStats, Limits, Snippet
 from lsp_server import postprocess
+from lsp_server.context import Context, ContextFinder, build_context
 from lsp_server.config import WORKSPACE_FILE, CompletionConfig, Config, IndexConfig, ModelConfig, resolve_config
 from lsp_server.documents import Snapshot, display_path, prefix_window, suffix_window, uri_to_path
 
@@ -77,7 +79,10 @@ def build_request(snap: Snapshot, cfg: CompletionConfig) -> CompletionRequest:
     """The engine request for a snapshot (without snippets; those come at run time)."""
     mode = postprocess.choose_mode(snap.before, snap.after, cfg.mode)
     max_lines = 1 if mode == "single-line" else cfg.max_lines_multi
-    limits = Limits(max_tokens=cfg.max_tokens, max_lines=max_lines, time_budget_s=cfg.time_budget_s)
+    # multi-line: the engine stops as soon as a line leaves the cursor's scope (what postprocess cuts anyway)
+    min_indent = postprocess.scope_min_indent(snap.before) if mode == "multi-line" else -1
+    limits = Limits(max_tokens=cfg.max_tokens, max_lines=max_lines, time_budget_s=cfg.time_budget_s,
+                    min_indent=min_indent)
     return CompletionRequest(
         prefix=prefix_window(snap.before, cfg.prefix_chars, cfg.window_quantum),
         suffix=suffix_window(snap.after, cfg.suffix_chars),
@@ -90,10 +95,10 @@ def build_request(snap: Snapshot, cfg: CompletionConfig) -> CompletionRequest:
     )
 
 
-def retrieval_query(request: CompletionRequest, lines: int) -> str:
-    before = request.prefix.split("\n")[-lines:]
-    after = request.suffix.split("\n")[:2]
-    return "\n".join(before + after)
+def context_for(snap: Snapshot, request: CompletionRequest, cfg: CompletionConfig) -> Context:
+    """The cross-file context inputs of a snapshot (cheap: run it on the event loop)."""
+    path = uri_to_path(snap.uri) or ""
+    return build_context(snap.before, snap.after, request.prefix, path, snap.language, cfg.query_lines)
 
 
 class Completer:
@@ -105,10 +110,16 @@ class Completer:
         self.cfg = cfg
         self.retriever = retriever
         self.roots = roots  # snippet paths are shown to the model relative to these
+        self.finder = ContextFinder(retriever, roots, display_path) if retriever is not None else None
 
-    def complete(self, request: CompletionRequest, cancel: threading.Event) -> Completion:
+    def complete(self, request: CompletionRequest, cancel: threading.Event, context: Context | None = None) -> Completion:
+        """``context``: from `context_for` (the whole document); without it only the request's windows are known."""
         started = time.perf_counter()
-        chunks = self._retrieve(request)
+        if context is None:
+            path = uri_to_path(request.uri) or ""
+            context = build_context(request.prefix, request.suffix, request.prefix, path, request.language,
+                                    self.cfg.query_lines)
+        chunks = self._retrieve(context)
         retrieved = time.perf_counter()
         result = self.engine.complete(replace(request, snippets=chunks), cancel)
         text = "" if result.cancelled else self.shape(result.text, request)
@@ -118,16 +129,14 @@ class Completer:
     def shape(self, text: str, request: CompletionRequest) -> str:
         return postprocess.postprocess(text, request.prefix, request.suffix, request.mode, request.limits.max_lines)
 
-    def _retrieve(self, request: CompletionRequest) -> tuple[Snippet, ...]:
-        if self.retriever is None or self.cfg.snippets <= 0:
+    def _retrieve(self, context: Context) -> tuple[Snippet, ...]:
+        if self.finder is None or (self.cfg.snippets <= 0 and self.cfg.definitions <= 0):
             return ()
         try:
-            query = retrieval_query(request, self.cfg.query_lines)
-            found = self.retriever.search(query, self.cfg.snippets, exclude=uri_to_path(request.uri) or request.path)
+            return self.finder.snippets(context, self.cfg.snippets, self.cfg.definitions, self.cfg.definition_lines)
         except Exception:  # a broken index must not break completion
             log.exception("retrieval failed")
             return ()
-        return tuple(Snippet(display_path(c.path, self.roots), c.text, c.start_line, c.end_line) for c in found)
 
 
 def _timings(started: float, retrieved: float, total: float, stats: CompletionStats) -> dict[str, float]:
@@ -237,7 +246,8 @@ def complete_file(path: Path, line: int, col: int, config: Config, retriever: Re
                     path=display_path(str(path.resolve()), roots), before=text[:offset], after=text[offset:])
     engine = make_engine(config.model)
     completer = Completer(engine, config.completion, retriever, roots)
-    return completer.complete(build_request(snap, config.completion), threading.Event())
+    request = build_request(snap, config.completion)
+    return completer.complete(request, threading.Event(), context_for(snap, request, config.completion))
 
 
 def run_complete(args: Any) -> int:
@@ -313,29 +323,65 @@ class IndexHandle:
 
     def __init__(self) -> None:
         self.index: Any = None
-        self.state = "none"  # none | building | ready | failed
+        self.state = "none"  # none | building | ready | failed | unavailable
+        self._epoch = 0  # bumped by each open and detach
+        self._changes = 0  # touch/remove calls, for generation()
+        self._changes_by_path: dict[str, int] = {}
 
     def open_and_build(self, roots: Sequence[Path], cfg: IndexConfig, progress: Any = None) -> None:
-        """Blocking: run on a worker thread."""
+        """Blocking: run on a worker thread. A `detach` meanwhile makes this run's result moot."""
+        self._epoch += 1
+        epoch = self._epoch
         index = open_index(roots, cfg)
         if index is None:
+            if cfg.enabled and roots and epoch == self._epoch:
+                self.state = "unavailable"  # it could not open (logged): completions go on without retrieval
+            return
+        if epoch != self._epoch:  # the roots changed while it opened
+            index.close()
             return
         self.index, self.state = index, "building"
         try:
             index.build(progress)
-            self.state = "ready"
+            state = "ready"
         except Exception:
             log.exception("indexing failed")
-            self.state = "failed"
+            state = "failed"
+        if epoch == self._epoch:
+            self.state = state
+
+    def detach(self) -> Any:
+        """Forget the current index (the caller closes it); a build still running stops counting."""
+        self._epoch += 1
+        old, self.index, self.state = self.index, None, "none"
+        return old
 
     def search(self, query: str, k: int, exclude: str | None = None) -> Sequence[Chunk]:
         return self.index.search(query, k, exclude=exclude) if self.index is not None else []
 
+    def definitions(self, name: str) -> Sequence[Any]:
+        return self.index.definitions(name) if self.index is not None else []
+
+    def chunk(self, chunk_id: int) -> Any:
+        return self.index.chunk(chunk_id) if self.index is not None else None
+
+    def generation(self, path: str) -> tuple[Any, ...]:
+        """A value that changes whenever the index may hold new content for files other than ``path``."""
+        key = os.path.abspath(path) if path else ""
+        return id(self.index), self.state, self._changes - self._changes_by_path.get(key, 0)
+
     def touch(self, path: str, text: str | None = None) -> None:
+        self._count(path)
         self._call("touch", path, text)
 
     def remove(self, path: str) -> None:
+        self._count(path)
         self._call("remove", path)
+
+    def _count(self, path: str) -> None:
+        key = os.path.abspath(path)
+        self._changes += 1
+        self._changes_by_path[key] = self._changes_by_path.get(key, 0) + 1
 
     def _call(self, method: str, *args: Any) -> None:
         if self.index is None:

@@ -42,6 +42,8 @@ class CompletionConfig:
     max_lines_multi: int = 12
     time_budget_s: float = 0.0
     snippets: int = 4  # retrieved chunks per request
+    definitions: int = 3  # definitions (symbol table) of names imported or used near the cursor
+    definition_lines: int = 30  # lines of each definition shown (signature, docstring, the start)
     query_lines: int = 8  # lines around the cursor that form the retrieval query
     cache_size: int = 1000  # LRU of recent results
     fallback: Literal["auto", "always", "never"] = "auto"  # textDocument/completion; auto: only for

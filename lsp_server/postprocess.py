@@ -42,20 +42,28 @@ def indent_of(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
+def scope_min_indent(prefix: str) -> int:
+    """The least indentation a later line of the completion may have and still be in the cursor's scope.
+
+    The cursor line's indentation (on a whitespace-only line: the block the typed indent puts us in),
+    one more after a block opener. The engine stops on the same rule (``Limits.min_indent``).
+    """
+    cursor_line = prefix.rsplit("\n", 1)[-1]
+    base = indent_of(cursor_line)
+    return base + 1 if cursor_line.rstrip().endswith(BLOCK_OPENERS) else base
+
+
 def cut_at_scope_end(text: str, prefix: str) -> str:
     """Stop before the first line that dedents out of the cursor's block.
 
     A dedented line made only of closing brackets is kept (it closes the block) and ends the text.
     """
-    cursor_line = prefix.rsplit("\n", 1)[-1]
-    opens_block = cursor_line.rstrip().endswith(BLOCK_OPENERS)
-    base = indent_of(cursor_line)  # on a whitespace-only line: the block the typed indent puts us in
+    min_indent = scope_min_indent(prefix)
     lines = text.split("\n")
     for i, line in enumerate(lines[1:], start=1):
         if not line.strip():
             continue
-        depth = indent_of(line)
-        if depth < base or (opens_block and depth <= base):
+        if indent_of(line) < min_indent:
             if _only_closers(line):
                 return "\n".join(lines[: i + 1])
             return "\n".join(lines[:i])

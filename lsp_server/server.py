@@ -19,7 +19,7 @@ from pygls.protocol import JsonRPCNotification, LanguageServerProtocol
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import to_fs_path
 
-from lsp_server.completer import Completer, IndexHandle, SuggestionCache, build_request, make_engine
+from lsp_server.completer import Completer, IndexHandle, SuggestionCache, build_request, context_for, make_engine
 from lsp_server.config import Config, resolve_config
 from lsp_server.documents import ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, with_selection
 from lsp_server.scheduler import Scheduler, Telemetry, rss_mb
@@ -156,8 +156,10 @@ class Draftline:
         if completer is None:
             return ""
 
+        context = context_for(snap, request, self.config.completion)
+
         def job(cancel):  # on the engine thread: never start for a version that already moved
-            return completer.complete(request, cancel) if self.is_current(snap.uri, snap.version) else None
+            return completer.complete(request, cancel, context) if self.is_current(snap.uri, snap.version) else None
 
         done = await self.scheduler.submit(unquote(snap.uri), job, self.config.completion.debounce_ms / 1e3)
         if done is not None and done.result is not None and done.result.cancelled:
@@ -198,6 +200,13 @@ class Draftline:
         finally:
             if progress is not None:
                 progress.end()
+
+    async def reindex(self) -> None:
+        """The roots changed: close the old index (off the loop) and index the new roots."""
+        old = self.index.detach()
+        if old is not None and hasattr(old, "close"):
+            await in_daemon_thread(old.close)
+        await self.start_index()
 
     def _client_shows_progress(self) -> bool:
         window = self.ls.client_capabilities.window
@@ -385,6 +394,8 @@ def build_server(user_config: Path | None = None) -> LanguageServer:
         removed = {to_fs_path(f.uri) for f in params.event.removed}
         app.roots[:] = [r for r in app.roots if str(r) not in removed]  # in place: the completer shares it
         app.roots += [Path(p) for p in (to_fs_path(f.uri) for f in params.event.added) if p]
+        app.configure()  # the workspace TOML layer follows the roots
+        asyncio.ensure_future(app.reindex())
 
     @ls.feature(DID_SHOW)
     def did_show(params: Any) -> None:

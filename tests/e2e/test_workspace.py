@@ -75,3 +75,39 @@ async def test_every_workspace_folder_is_indexed(client: LanguageClient, tmp_pat
     await initialize(client, init_options=index_options(tmp_path), roots=(first, second))
     ready = await wait_for(client, lambda s: s["index"]["state"] == "ready")
     assert ready["index"]["files"] == 4 and ready["roots"] == [str(first), str(second)]
+
+
+async def test_workspace_folder_changes_re_root_the_index(client: LanguageClient, tmp_path: Path):
+    first = workspace(tmp_path)
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "lib.py").write_text("def shared_helper():\n    return 42\n")
+    await initialize(client, init_options=index_options(tmp_path), roots=(first,))
+    await wait_for(client, lambda s: s["index"]["state"] == "ready" and s["index"]["files"] == 3)
+    change = t.WorkspaceFoldersChangeEvent(
+        added=[t.WorkspaceFolder(uri=second.as_uri(), name="second")],
+        removed=[t.WorkspaceFolder(uri=first.as_uri(), name="ws")],
+    )
+    client.workspace_did_change_workspace_folders(t.DidChangeWorkspaceFoldersParams(event=change))
+    ready = await wait_for(client, lambda s: s["roots"] == [str(second)] and s["index"]["state"] == "ready")
+    assert ready["index"]["files"] == 1
+    text = "def use():\n    return shared"
+    uri = (second / "use.py").as_uri()
+    open_doc(client, text, uri=uri)
+    assert items(await client.text_document_inline_completion_async(inline_params(end_of(text), uri)))
+    assert any(c.startswith("lib.py:") for c in (await status(client))["last_chunks"])
+
+
+async def test_an_unwritable_index_directory_leaves_completion_working(client: LanguageClient, tmp_path: Path):
+    root = workspace(tmp_path)
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the cache directory should go")
+    options = index_options(tmp_path)
+    options["draftline"]["index"]["options"]["cache_dir"] = str(blocker / "cache")
+    await initialize(client, init_options=options, roots=(root,))
+    done = await wait_for(client, lambda s: s["index"]["state"] not in ("none", "building"))
+    assert done["index"]["state"] in ("unavailable", "failed")
+    text = "def f():\n    return compute"
+    uri = (root / "main.py").as_uri()
+    open_doc(client, text, uri=uri)
+    assert items(await client.text_document_inline_completion_async(inline_params(end_of(text), uri)))

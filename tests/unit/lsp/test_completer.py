@@ -47,12 +47,22 @@ def test_prefix_window_starts_at_a_line_and_stays_put_while_typing():
     assert suffix_window("a\nb\nc\n", 3) == "a\n"
 
 
-def test_retrieval_excludes_the_current_file_and_feeds_snippets():
-    retriever = RecordingRetriever()
+def test_retrieval_leaves_out_the_local_window_only_and_feeds_snippets():
+    class Retriever(RecordingRetriever):
+        def search(self, query, k, exclude=None):
+            super().search(query, k, exclude)
+            return [FoundChunk("/w/a.py", 2, 3, "x = 1\n"),  # in the window: dropped
+                    FoundChunk("/w/a.py", 900, 910, "def far():\n    pass\n"),  # distant part of a long file: kept
+                    FoundChunk("/w/b.py", 3, 5, "def helper():\n    pass\n")]
+
+    retriever = Retriever()
     engine = FakeEngine(text="done")
-    completion = Completer(engine, CompletionConfig(), retriever).complete(build_request(snap("x = "), CompletionConfig()), threading.Event())
+    before = "import os\nx = 1\ny = 2\nz = "
+    completion = Completer(engine, CompletionConfig(), retriever).complete(
+        build_request(snap(before), CompletionConfig()), threading.Event())
     assert completion.text == "done"
-    assert retriever.calls[0][2] == "/w/a.py" and [c.path for c in completion.chunks] == ["b.py"]
+    assert retriever.calls[0][0] == "import os\nx = 1\ny = 2"  # whole lines above the cursor's line
+    assert [(c.path, c.start_line) for c in completion.chunks] == [("/w/a.py", 900), ("/w/b.py", 3)]
     assert set(completion.timings_ms) == {"total", "retrieve", "prefill", "decode"}
 
 

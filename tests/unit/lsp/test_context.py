@@ -1,0 +1,179 @@
+"""Cross-file context: imported names, identifiers near the cursor, definitions first, a stable memo, scope."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from engine.fake import FakeEngine
+from engine.types import CompletionRequest
+from lsp_server.completer import Completer, IndexHandle, build_request, context_for
+from lsp_server.config import CompletionConfig
+from lsp_server.context import ContextFinder, build_context, imported_names, nearby_identifiers
+from lsp_server.documents import Snapshot, display_path
+from lsp_server.postprocess import scope_min_indent
+
+
+@dataclass
+class Sym:
+    name: str
+    path: str
+    start_line: int
+    end_line: int
+    chunk_id: int
+    container: str | None = None
+    kind: str = "function"
+
+
+@dataclass
+class Ch:
+    path: str
+    start_line: int
+    end_line: int
+    text: str
+    score: float = 0.0
+
+
+class SymbolIndex:
+    """A retriever with a symbol table; counts the calls so the memo can be checked."""
+
+    def __init__(self):
+        self.chunks = {
+            1: Ch("/w/pkg/util.py", 10, 12, "def parse_config(path):\n    '''Read a TOML file.'''\n    ...\n"),
+            2: Ch("/w/other/util2.py", 1, 2, "def parse_config():\n    pass\n"),
+            3: Ch("/w/pkg/model.py", 5, 9, "class Model:\n    def fit(self):\n        pass\n"),
+            4: Ch("/w/pkg/model.py", 20, 21, "    def parse_config(self):\n        pass\n"),
+        }
+        self.symbols = {
+            "parse_config": [Sym("parse_config", "/w/other/util2.py", 1, 2, 2),
+                             Sym("parse_config", "/w/pkg/model.py", 20, 21, 4, container="Other"),
+                             Sym("parse_config", "/w/pkg/util.py", 10, 12, 1)],
+            "Model": [Sym("Model", "/w/pkg/model.py", 5, 9, 3, kind="class")],
+        }
+        self.searches = 0
+        self.gen = 0
+
+    def search(self, query, k, exclude=None):
+        self.searches += 1
+        return [Ch("/w/pkg/model.py", 5, 9, "class Model:\n"), Ch("/w/pkg/notes.py", 1, 3, "# notes\n")]
+
+    def definitions(self, name):
+        return self.symbols.get(name, [])
+
+    def chunk(self, chunk_id):
+        return self.chunks.get(chunk_id)
+
+    def generation(self, path):
+        return self.gen
+
+
+def test_imported_names_python_and_js():
+    py = "from pkg.util import parse_config as pc, dump\nfrom .model import (\n    Model,\n    fit,\n)\nimport os\n"
+    assert imported_names(py, "python") == [("parse_config", "pkg.util"), ("dump", "pkg.util"),
+                                            ("Model", ".model"), ("fit", ".model")]
+    js = "import React, { useState, type Props as P } from 'react'\nimport { helper } from \"./util\"\n"
+    assert imported_names(js, "typescript") == [("React", "react"), ("useState", "react"), ("Props", "react"),
+                                                ("helper", "./util")]
+
+
+def test_nearby_identifiers_nearest_first_without_the_one_being_typed():
+    words = nearby_identifiers(["alpha = beta(gamma)", "delta = 1"], "    value = compute(x) + par", "omega")
+    assert words[:3] == ["compute", "value", "omega"]  # "par" is still being typed
+    assert words.index("delta") < words.index("gamma")  # nearer lines first
+    assert "par" not in words and "self" not in words
+
+
+def test_definitions_come_first_from_the_imported_module_then_retrieval_minus_duplicates():
+    index = SymbolIndex()
+    before = "from pkg.util import parse_config\nfrom pkg.model import Model\n\ncfg = parse_config(p)\nm = "
+    ctx = build_context(before, "\n", before, "/w/pkg/app.py", "python", 8)
+    snippets = ContextFinder(index, [], display_path).snippets(ctx, k_chunks=4, k_defs=3, def_lines=30)
+    paths = [(s.path, s.start_line) for s in snippets]
+    # parse_config (used nearest the cursor) from pkg/util.py (the module it is imported from), then Model;
+    # the retrieved Model chunk duplicates a definition and is dropped
+    assert paths == [("/w/pkg/util.py", 10), ("/w/pkg/model.py", 5), ("/w/pkg/notes.py", 1)]
+
+
+def test_definition_lines_are_capped():
+    index = SymbolIndex()
+    before = "from pkg.util import parse_config\nparse_config(x)\n"
+    ctx = build_context(before, "", before, "/w/app.py", "python", 8)
+    (first, *_) = ContextFinder(index, [], display_path).snippets(ctx, k_chunks=0, k_defs=1, def_lines=1)
+    assert first.text == "def parse_config(path):" and first.end_line == first.start_line
+
+
+def test_snippets_stay_the_same_while_typing_within_a_line():
+    index = SymbolIndex()
+    finder = ContextFinder(index, [], display_path)
+    base = "from pkg.util import parse_config\nparse_config(x)\ny = "
+    first = finder.snippets(build_context(base, "", base, "/w/a.py", "python", 8), 2, 2, 30)
+    for typed in ("m", "mo", "mod", "mode"):
+        text = base + typed
+        assert finder.snippets(build_context(text, "", text, "/w/a.py", "python", 8), 2, 2, 30) == first
+    assert index.searches == 1  # memoised: no search per keystroke
+    index.gen += 1  # another file changed in the index
+    finder.snippets(build_context(base, "", base, "/w/a.py", "python", 8), 2, 2, 30)
+    assert index.searches == 2
+
+
+def test_index_handle_generation_ignores_the_file_being_typed():
+    handle = IndexHandle()
+    g0 = handle.generation("/w/a.py")
+    handle.touch("/w/a.py", "x")
+    assert handle.generation("/w/a.py") == g0
+    handle.touch("/w/b.py", None)
+    assert handle.generation("/w/a.py") != g0
+
+
+def test_completer_sends_definitions_to_the_engine():
+    seen: list[CompletionRequest] = []
+
+    class Recording(FakeEngine):
+        def complete(self, request, cancel):
+            seen.append(request)
+            return super().complete(request, cancel)
+
+    s = Snapshot(uri="file:///w/pkg/app.py", version=1, language="python", path="pkg/app.py",
+                 before="from pkg.util import parse_config\n\nconfig = parse_config(", after=")\n")
+    cfg = CompletionConfig()
+    request = build_request(s, cfg)
+    Completer(Recording(text="p"), cfg, SymbolIndex()).complete(request, threading.Event(), context_for(s, request, cfg))
+    assert seen[0].snippets[0].text.startswith("def parse_config(path):")
+
+
+def test_scope_min_indent_and_the_request_limits():
+    assert scope_min_indent("def f():\n    x = 1\n    ") == 4
+    assert scope_min_indent("def f():") == 1  # after a block opener: anything deeper than the opener
+    assert scope_min_indent("x = 1\n") == 0  # top level: never a scope end
+    multi = build_request(Snapshot("file:///a.py", 1, "python", "a.py", "def f():\n    ", "\n"), CompletionConfig())
+    single = build_request(Snapshot("file:///a.py", 1, "python", "a.py", "x = f(", ")\n"), CompletionConfig())
+    assert multi.mode == "multi-line" and multi.limits.min_indent == 4
+    assert single.mode == "single-line" and single.limits.min_indent == -1
+
+
+def test_with_the_real_index_the_imported_definition_reaches_the_prompt(tmp_path):
+    import indexer
+
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "__init__.py").write_text("")
+    (ws / "pkg" / "geometry.py").write_text(
+        "import math\n\n\ndef rotate_point(x, y, angle):\n    '''Rotate (x, y) about the origin.'''\n"
+        "    c, s = math.cos(angle), math.sin(angle)\n    return x * c - y * s, x * s + y * c\n")
+    app = ws / "pkg" / "app.py"
+    app.write_text("from pkg.geometry import rotate_point\n\n\ndef spin(points):\n    return [rotate_point(")
+    index = indexer.Index([ws], indexer.IndexConfig(cache_dir=tmp_path / "cache"), embedder=None)
+    try:
+        index.build()
+        handle = IndexHandle()
+        handle.index, handle.state = index, "ready"
+        text = app.read_text()
+        s = Snapshot(uri=app.as_uri(), version=1, language="python", path="pkg/app.py", before=text, after="")
+        cfg = CompletionConfig()
+        request = build_request(s, cfg)
+        done = Completer(FakeEngine(text="p"), cfg, handle, [ws]).complete(
+            request, threading.Event(), context_for(s, request, cfg))
+        assert done.chunks and done.chunks[0].path == "pkg/geometry.py"
+        assert done.chunks[0].text.startswith("def rotate_point(x, y, angle):")
+    finally:
+        index.close()
