@@ -26,6 +26,12 @@ def _complete(args: argparse.Namespace) -> int:
     return run_complete(args)
 
 
+def _bench_lsp(args: argparse.Namespace) -> int:
+    from lsp_server.bench_lsp import run_bench_lsp
+
+    return run_bench_lsp(args)
+
+
 def _bench_scenarios(args: argparse.Namespace) -> int:
     from lsp_server.bench_scenarios import run_bench_scenarios
 
@@ -105,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
     bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")
     add_bench_scenarios_arguments(bs)
     bs.set_defaults(func=_bench_scenarios)
+    from lsp_server.bench_lsp import add_arguments as add_bench_lsp_arguments
+
+    bl = bench_sub.add_parser("lsp", help="retype real lines through a real LSP client: latency, cancels, staleness")
+    add_bench_lsp_arguments(bl)
+    bl.set_defaults(func=_bench_lsp)
     bi = bench_sub.add_parser("index", help="full index time, update and query latency, peak RSS")
     icli.add_bench_index_arguments(bi)
     bi.set_defaults(func=lambda a: _indexer("bench-index", a))

@@ -113,6 +113,14 @@ class Telemetry:
     partially_accepted: int = 0
     accepted_chars: int = 0
     latencies_ms: deque[float] = field(default_factory=lambda: deque(maxlen=2000))
+    engine_runs: int = 0  # completions the engine ran (cancelled ones included: their prefill happened)
+    prompt_tokens: int = 0  # summed over those runs
+    recomputed_tokens: int = 0  # prompt tokens whose KV was not reused from the previous run
+
+    def prompt_cache(self) -> dict[str, float]:
+        runs = self.engine_runs or 1
+        return {"runs": self.engine_runs, "prompt_tokens_mean": round(self.prompt_tokens / runs, 1),
+                "recomputed_mean": round(self.recomputed_tokens / runs, 1)}
 
     def latency(self) -> dict[str, float]:
         data = sorted(self.latencies_ms)

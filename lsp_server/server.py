@@ -162,8 +162,13 @@ class Draftline:
             return completer.complete(request, cancel, context) if self.is_current(snap.uri, snap.version) else None
 
         done = await self.scheduler.submit(unquote(snap.uri), job, self.config.completion.debounce_ms / 1e3)
-        if done is not None and done.result is not None and done.result.cancelled:
-            self.telemetry.engine_cancelled += 1
+        if done is not None and done.result is not None:
+            stats = done.result.stats
+            self.telemetry.engine_runs += 1
+            self.telemetry.prompt_tokens += stats.prompt_tokens
+            self.telemetry.recomputed_tokens += max(stats.prompt_tokens - stats.reused_tokens, 0)
+            if done.result.cancelled:
+                self.telemetry.engine_cancelled += 1
         if done is None or not done.text or (done.result and done.result.cancelled):
             return ""
         if not self.is_current(snap.uri, snap.version):
@@ -256,6 +261,7 @@ class Draftline:
             "cache_hits": tel.cache_hits,
             "type_through": tel.type_through,
             "latency_ms": tel.latency(),
+            "prompt_cache": tel.prompt_cache(),
             "generations": {
                 "started": sched.started, "in_flight": sched.in_flight, "max_in_flight": sched.max_in_flight,
             },

@@ -1,0 +1,45 @@
+"""`draftline bench lsp`: the retyping client against the real server (fake engine), and its arithmetic."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+from lsp_server.bench_lsp import Run, Sample, pick_lines, run_bench, summarize
+
+CODE = "import os\n\n\ndef first():\n    return 1\n\n\ndef join_paths(base, name):\n    return os.path.join(base, name)\n"
+
+
+def test_retyping_through_the_real_server_accounts_for_every_request(tmp_path: Path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "a.py").write_text(CODE)
+    (ws / "b.py").write_text(CODE.replace("join_paths", "split_path").replace("os.path.join(base, name)", "base.split(name)"))
+    tasks = pick_lines(ws, 5, seed=1)
+    assert len(tasks) == 2 and all(t.text.strip() for t in tasks)
+    settings = {"model": {"target": "fake", "fake_step_s": 0.001}, "completion": {"debounce_ms": 2},
+                "index": {"enabled": False}}
+    run = asyncio.run(run_bench(ws, tasks, keys_per_s=60, settings=settings, pause_s=20,
+                                server=[sys.executable, "-m", "lsp_server", "serve"]))
+    report = summarize(run, 60)
+    typed = sum(len(t.text.strip()) for t in tasks)
+    assert report["requests"] == typed and report["lines"] == 2
+    assert report["answered"] + report["cancelled"] + report["errors"] == typed and report["errors"] == 0
+    assert report["stale_answers"] == 0 and report["max_in_flight"] == 1
+    assert report["engine_runs"] >= 1 and report["pause_p50_ms"] > 0
+    assert (tmp_path / "ws" / "a.py").read_text() == CODE  # the files on disk are never written
+
+
+def test_summary_arithmetic():
+    samples = [
+        Sample(10, False, False, "text", suggestion="name)", rest="name)"),
+        Sample(20, False, False, "text", suggestion="na", rest="name)"),
+        Sample(90, True, False, "cancelled", rest="ame)"),
+        Sample(30, False, False, "text", suggestion="other", rest="e)"),
+        Sample(40, False, True, "empty"),
+    ]
+    report = summarize(Run(samples=samples, status={"generations": {"max_in_flight": 1}}), 12)
+    assert report["requests"] == 5 and report["answered"] == 4 and report["cancelled"] == 1
+    assert report["p50_ms"] == 30 and report["p99_ms"] == 40 and report["pause_p50_ms"] == 40
+    assert report["judged"] == 3 and report["matched_exactly"] == round(1 / 3, 4) and report["matched_prefix"] == round(2 / 3, 4)
