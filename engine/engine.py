@@ -39,13 +39,16 @@ class _StopRules:
         self.started = time.perf_counter()
         self.seen = 0
         self.newlines = 0
+        self.line = ""
 
     def __call__(self, tokens: list[int]) -> str | None:
         new = self.tokenizer.decode(tokens[self.seen :])  # '\n' is one byte: never split across tokens
         self.newlines += new.count("\n")
         self.seen = len(tokens)
-        if self.min_indent >= 0 and "\n" in new and _scope_end(self.tokenizer.decode(tokens), self.min_indent) >= 0:
-            return "scope"
+        self.line = new.rsplit("\n", 1)[-1] if "\n" in new else self.line + new  # the line being written
+        if self.min_indent >= 0 and self.newlines and self.line.strip() and \
+                len(self.line) - len(self.line.lstrip()) < self.min_indent:
+            return "scope"  # a later line starts left of the scope (the same rule as _scope_end)
         if self.max_lines and self.newlines >= self.max_lines:
             return "max_lines"
         if self.stop:
@@ -69,11 +72,15 @@ class _StopRules:
 
 
 def _scope_end(text: str, min_indent: int) -> int:
-    """Offset of the first later, complete line that dedents below `min_indent`; -1 if none."""
+    """Offset of the newline before the first later line that dedents below `min_indent`; -1 if none.
+
+    A line counts as soon as its first non-blank character exists (its indentation is known then),
+    so generation stops at the first token of the next scope instead of writing that line out.
+    """
     offset = text.find("\n") + 1
     if offset == 0:
         return -1
-    for line in text[offset:].split("\n")[:-1]:  # the last piece is still being written
+    for line in text[offset:].split("\n"):
         if line.strip() and len(line) - len(line.lstrip()) < min_indent:
             return offset - 1  # cut before the newline that led to it
         offset += len(line) + 1

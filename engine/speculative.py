@@ -190,4 +190,7 @@ def generate(
             out.append(tok)
             if len(out) >= max_new_tokens:
                 return out, "max_tokens"
+            reason = stop_check(out) if stop_check else None
+            if reason:  # stop where plain decoding would have: the same tokens, not a step's overshoot
+                return out, reason
         pending = accepted[-1]

@@ -110,7 +110,8 @@ def test_scope_end_rule():
     assert _scope_end(body, 4) == -1
     text = "x = 1\n    return y\ndef g():\n"
     assert text[: _scope_end(text, 4)] == "x = 1\n    return y"
-    assert _scope_end("a\n\n    b\nc", 4) == -1  # the last line is still being written
+    assert _scope_end("a\n\n    b\nc", 4) == len("a\n\n    b")  # known as soon as its first character is
+    assert _scope_end("a\n    b\n  ", 4) == -1  # blank so far: its indentation is not known yet
 
 
 def test_ast_depth_tracker_follows_growing_code():

@@ -100,6 +100,19 @@ def test_eos_stops_even_inside_an_accepted_run(llama):
     assert (tokens, reason) == (truth[:first], "eos")
 
 
+@pytest.mark.parametrize("stop_at", [2, 5, 7])
+def test_stop_check_fires_inside_an_accepted_run_where_plain_would_stop(llama, stop_at):
+    """A verify step that accepts 8 tokens must not overshoot a stop rule: the same tokens as plain."""
+    prompt = _prompts(96, 1, seed=9)[0]
+    truth = naive_greedy(llama, prompt, 20)
+    check = lambda out: "stop" if len(out) >= stop_at else None  # noqa: E731
+    plain, _ = generate(cached(llama), prompt, None, max_new_tokens=20, cancel=threading.Event(), stop_check=check)
+    drafter = ScheduleDrafter(len(prompt), truth, [8], 96)
+    spec, reason = generate(cached(llama), prompt, drafter, max_new_tokens=20, cancel=threading.Event(),
+                            gamma=FixedGamma(8), stop_check=check)
+    assert spec == plain == truth[:stop_at] and reason == "stop"
+
+
 def test_stop_check_and_kv_reuse_across_calls(llama):
     prompt = _prompts(96, 1, seed=10)[0]
     lm = cached(llama)

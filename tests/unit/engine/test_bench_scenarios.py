@@ -1,0 +1,43 @@
+"""`draftline bench scenarios`: held-out tasks of each kind, every mode identical to plain, plots and table."""
+
+from __future__ import annotations
+
+import json
+
+from lsp_server.bench_scenarios import MODES, degenerate, make_tasks, markdown_table
+from lsp_server.cli import main
+
+
+def test_tasks_are_cut_from_held_out_code_with_the_servers_stop_rules():
+    tasks = make_tasks(2, seed=0, scenarios=("single-line", "function", "refactor"))
+    kinds = {t.scenario for t in tasks}
+    assert kinds == {"single-line", "function", "refactor"}
+    for t in tasks:
+        assert t.path.startswith(("json", "email", "asyncio", "logging", "pygls", "watchdog")) or "/" in t.path
+        if t.scenario == "single-line":
+            assert t.request.mode == "single-line" and t.request.limits.max_lines == 1
+        else:
+            assert t.request.mode == "multi-line" and t.request.limits.min_indent >= 1
+    refactor = next(t for t in tasks if t.scenario == "refactor")
+    assert "V2" in refactor.request.prefix.rsplit("\n", 3)[-2] and refactor.request.limits.max_tokens >= 1000
+
+
+def test_degenerate_means_a_line_three_times_in_a_row():
+    assert degenerate("a = 1\nb\nb\n\nb\n") and not degenerate("a\nb\na\nb\n")
+
+
+def test_bench_scenarios_json_plots_and_table(model_dirs, tmp_path, capsys):
+    rc = main(["bench", "scenarios", "--target", str(model_dirs["target"]), "--draft", str(model_dirs["draft"]),
+               "--n", "1", "--scenarios", "single-line,function", "--json", "--plot", str(tmp_path)])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["scenarios"]) == {"single-line", "function"}
+    for name, data in report["scenarios"].items():
+        assert set(data["modes"]) == set(MODES), name
+        for mode, cell in data["modes"].items():
+            assert {"p50_ms", "speedup", "acceptance", "identical"} <= cell.keys()
+            assert cell["identical"] is True, (name, mode)
+    for png in ("acceptance_by_position.png", "speedup.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "table.md").read_text().startswith("| task |")
+    assert markdown_table(report).count("\n| ") == 2
