@@ -55,6 +55,7 @@ class IndexConfig:
     """Whether and how the workspace is indexed (the rest is the indexer's own config)."""
 
     enabled: bool = True
+    overlay_delay_ms: float = 750.0  # re-index an edited buffer once typing pauses this long (0 = every change)
     options: Mapping[str, Any] = field(default_factory=dict)
 
 

@@ -69,7 +69,8 @@ class Draftline:
         self.slot = EngineSlot()
         self.index = IndexHandle()  # a Retriever that is empty until the workspace index is open
         self.roots: list[Path] = []
-        self.last_chunks: list[str] = []  # where the last engine answer's snippets came from
+        self.last_chunks: list[str] = []
+        self._overlay_timers: dict[str, asyncio.TimerHandle] = {}  # uri -> pending re-index of its buffer
 
     # -- configuration and the engine ------------------------------------------------------------
     def configure(self, client_settings: Any = None) -> None:
@@ -221,12 +222,31 @@ class Draftline:
         self.scheduler.close()
         self.index.close()
 
-    def edited(self, uri: str, text: str | None) -> None:
-        """Every open/change: stop what runs for this document now, then refresh the index overlay."""
+    def edited(self, uri: str, text: str | None, immediate: bool = True) -> None:
+        """Every open/change: stop what runs for this document now, then refresh the index overlay.
+
+        A change re-indexes the buffer only once typing pauses (``index.overlay_delay_ms``): re-chunking,
+        embedding and committing a file per keystroke would take the CPU from the completions.
+        """
         self.scheduler.cancel(unquote(uri))  # scheduler keys are unquoted, like pygls' documents
-        self.index_touch(uri, text)
+        timer = self._overlay_timers.pop(uri, None)
+        if timer is not None:
+            timer.cancel()
+        delay = self.config.index.overlay_delay_ms / 1e3
+        if immediate or delay <= 0:
+            self.index_touch(uri, text)
+            return
+        self._overlay_timers[uri] = asyncio.get_running_loop().call_later(delay, self._overlay_due, uri)
+
+    def _overlay_due(self, uri: str) -> None:
+        self._overlay_timers.pop(uri, None)
+        doc = self.document(uri)
+        if doc is not None:
+            self.index_touch(uri, doc.source)
 
     def index_touch(self, uri: str, text: str | None) -> None:
+        if text is None and (timer := self._overlay_timers.pop(uri, None)) is not None:
+            timer.cancel()  # saved or closed: the file on disk is what counts now
         path = to_fs_path(uri)
         if path:
             self.index.touch(path, text)
@@ -374,7 +394,7 @@ def build_server(user_config: Path | None = None) -> LanguageServer:
     @ls.feature(t.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(params: t.DidChangeTextDocumentParams) -> None:
         doc = app.document(params.text_document.uri)
-        app.edited(params.text_document.uri, doc.source if doc is not None else None)
+        app.edited(params.text_document.uri, doc.source if doc is not None else None, immediate=False)
 
     @ls.feature(t.TEXT_DOCUMENT_DID_SAVE)
     def did_save(params: t.DidSaveTextDocumentParams) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 from lsprotocol import types as t
 from pytest_lsp import LanguageClient
 
-from tests.e2e.lsp_harness import end_of, initialize, inline_params, items, open_doc, status, wait_for
+from tests.e2e.lsp_harness import end_of, initialize, inline_params, insert, items, open_doc, status, wait_for
 
 HELPERS = "def compute_checksum(data):\n    total = 0\n    for byte in data:\n        total += byte\n    return total\n"
 
@@ -111,3 +111,25 @@ async def test_an_unwritable_index_directory_leaves_completion_working(client: L
     uri = (root / "main.py").as_uri()
     open_doc(client, text, uri=uri)
     assert items(await client.text_document_inline_completion_async(inline_params(end_of(text), uri)))
+
+
+async def test_typing_reindexes_the_buffer_once_typing_pauses(client: LanguageClient, tmp_path: Path):
+    root = workspace(tmp_path)
+    options = index_options(tmp_path)
+    options["draftline"]["index"]["overlay_delay_ms"] = 50
+    await initialize(client, init_options=options, roots=(root,))
+    await wait_for(client, lambda s: s["index"]["state"] == "ready")
+    text = "def checksum_of(payload):\n    pass\n"
+    uri = (root / "main.py").as_uri()
+    open_doc(client, text, uri=uri)
+    before = (await wait_for(client, lambda s: s["index"]["pending"] == 0))["index"]["chars"]
+    added = "\n\ndef freshly_typed_helper(value):\n    return value * 3\n"
+    for i, ch in enumerate(added):  # keystrokes: the buffer is re-indexed after the pause, not per key
+        insert(client, t.Position(line=2, character=0) if i == 0 else _end(text + added[:i]), ch, version=2 + i, uri=uri)
+    after = await wait_for(client, lambda s: s["index"]["chars"] >= before + len(added.strip()) and s["index"]["pending"] == 0)
+    assert after["index"]["files"] == 3
+
+
+def _end(text: str) -> t.Position:
+    lines = text.split("\n")
+    return t.Position(line=len(lines) - 1, character=len(lines[-1]))
