@@ -171,3 +171,64 @@ def repo_samples(files: list[SourceFile], seed: int, context_rate: float = 0.5, 
         out.append(context + fim_text(f.path, f.text, rng))
     rng.shuffle(out)
     return out
+
+
+def _line_start(text: str, i: int) -> int:
+    """The start of the line holding offset i (so a window never begins mid-line)."""
+    return text.rfind("\n", 0, i) + 1
+
+
+def window_samples(files: list[SourceFile], seed: int, min_chars: int = 800, max_chars: int = 3000,
+                   context_rate: float = 0.3, context_chars: int = 600) -> list[str]:
+    """Samples that each fit one training window whole, covering every file about once.
+
+    Random windows over concatenated files (what `repo_samples` feeds) almost never hold a FIM
+    sample's suffix, prefix, middle and end token together when files are longer than the window,
+    so the model cannot learn to fill a hole and stop. Here each sample is built to its own
+    character budget: a plain piece of a file (the end token only where the file ends), or, for
+    FIM_RATE of them, a hole with the tail of its prefix and the head of its suffix around it,
+    sometimes after a short piece of another file of the package (as retrieved chunks arrive).
+    """
+    rng = random.Random(seed)
+    by_pkg: dict[str, list[SourceFile]] = {}
+    for f in files:
+        by_pkg.setdefault(f.package, []).append(f)
+    out: list[str] = []
+    for f in files:
+        text, pos = f.text, 0
+        while pos < len(text):
+            budget = rng.randint(min_chars, max_chars)
+            head = f"{SEP}{f.path}\n"
+            peers = [p for p in by_pkg[f.package] if p is not f]
+            if peers and rng.random() < context_rate:
+                peer = rng.choice(peers)
+                piece = peer.text[: rng.randint(100, context_chars)]
+                head = f"{SEP}{peer.path}\n{piece}\n" + head
+                budget = max(min_chars, budget - len(piece))
+            if rng.random() >= FIM_RATE or len(text) < 50:
+                end = min(len(text), pos + budget)
+                if end < len(text):
+                    end = max(pos + 1, text.rfind("\n", pos, end) + 1) if "\n" in text[pos:end] else end
+                out.append(head + text[pos:end] + (END if end >= len(text) else ""))
+                pos = end
+                continue
+            if pos >= len(text) - 2:
+                break  # nothing left to cut a hole in
+            a = rng.randrange(pos, min(len(text) - 1, pos + budget))
+            span = rng.choice((rng.randint(1, 80), rng.randint(20, 300), rng.randint(50, budget // 3)))
+            b = min(len(text), a + span)
+            nl = text.find("\n", b)
+            if rng.random() < 0.5 and nl >= 0 and nl - a < budget // 2:
+                b = nl + 1  # end the hole at a line end, as completions usually do
+            room = max(budget - (b - a), 0)
+            pre_room = int(room * rng.uniform(0.5, 0.85))
+            start = _line_start(text, max(0, a - pre_room)) if a - pre_room > 0 else 0
+            stop = min(len(text), b + room - (a - start))
+            prefix, middle, suffix = text[start:a], text[a:b], text[b:stop]
+            if rng.random() < SPM_SHARE:
+                out.append(f"{head}{SUF}{suffix}{PRE}{prefix}{MID}{middle}{END}")
+            else:
+                out.append(f"{head}{PRE}{prefix}{SUF}{suffix}{MID}{middle}{END}")
+            pos = max(b, pos + budget // 2)
+    rng.shuffle(out)
+    return out

@@ -8,7 +8,7 @@ import math
 import platform
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterable
 
@@ -66,8 +66,8 @@ class TrainConfig:
     state: str = str(Path.home() / ".cache" / "draftline" / "train-state")  # optimizer etc., not shipped
     minutes: float = 60.0
     vocab: int = 8192
-    seq: int = 512
-    batch: int = 16
+    seq: int = 1024  # the bundled pair's context: samples are packed whole into rows this long
+    batch: int = 8
     lr: float = 2e-3
     draft_lr: float = 3e-3
     warmup: int = 50
@@ -95,6 +95,43 @@ def _encode_stream(tok, texts: list[str]):
     return np.concatenate([np.asarray(e.ids, dtype=np.uint16) for e in ids])
 
 
+def _pack_rows(tok, texts: list[str], seq: int):
+    """Whole samples packed into rows of seq + 1 tokens, padded (pad positions are not trained on).
+
+    Samples longer than a row are cut at its end (plain pieces lose a tail; a FIM sample that does
+    not fit is dropped, since without its middle and end token it teaches the wrong thing).
+    """
+    import numpy as np
+
+    width, pad = seq + 1, tok.pad_token_id
+    mid = tok.convert_tokens_to_ids("<|fim_middle|>")
+    rows: list[np.ndarray] = []
+    row: list[int] = []
+    for enc in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False):
+        ids = enc.ids
+        if len(ids) > width:
+            if mid in ids:
+                continue
+            ids = ids[:width]
+        if len(row) + len(ids) > width:
+            rows.append(np.asarray(row + [pad] * (width - len(row)), dtype=np.uint16))
+            row = []
+        row += ids
+    if row:
+        rows.append(np.asarray(row + [pad] * (width - len(row)), dtype=np.uint16))
+    return np.stack(rows)
+
+
+def _row_batch(rows, cfg: TrainConfig, rng, pad: int):
+    import torch
+
+    pick = rng.integers(0, len(rows), size=cfg.batch)
+    t = torch.from_numpy(rows[pick].astype("int64"))
+    x, y = t[:, :-1], t[:, 1:].clone()
+    y[y == pad] = -100  # no loss on padding
+    return x, y
+
+
 def _batch(stream, cfg: TrainConfig, rng):
     import numpy as np
     import torch
@@ -111,6 +148,7 @@ def evaluate(target, draft, stream, cfg: TrainConfig, n: int = 16) -> dict:
     import torch
 
     rng = np.random.default_rng(1234)  # the same held-out windows every time
+    cfg = replace(cfg, seq=512, batch=16)  # the same window shape in every run, so losses compare
     losses, agree, count = {"target": 0.0, "draft": 0.0}, 0, 0
     with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
         for _ in range(max(1, n // cfg.batch)):
@@ -130,7 +168,7 @@ def train(cfg: TrainConfig) -> dict:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from engine.corpus import collect, repo_samples
+    from engine.corpus import collect, repo_samples, window_samples
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -153,9 +191,9 @@ def train(cfg: TrainConfig) -> dict:
         target = LlamaForCausalLM(_llama_config(SIZES["target"], tok))
         draft = LlamaForCausalLM(_llama_config(SIZES["draft"], tok))
         summary = {"runs": [], "steps": 0, "tokens_seen": 0}
-    train_stream = _encode_stream(tok, repo_samples(corpus.train, cfg.seed + summary["steps"]))
+    rows = _pack_rows(tok, window_samples(corpus.train, cfg.seed + summary["steps"]), cfg.seq)
     held_stream = _encode_stream(tok, repo_samples(corpus.held_out, 99))
-    log.info("tokens: %d train, %d held out; params target %.2fM draft %.2fM", len(train_stream), len(held_stream),
+    log.info("rows: %d x %d train, %d held-out tokens; params target %.2fM draft %.2fM", len(rows), cfg.seq + 1, len(held_stream),
              target.num_parameters() / 1e6, draft.num_parameters() / 1e6)
     opt_t = torch.optim.AdamW(target.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
     opt_d = torch.optim.AdamW(draft.parameters(), lr=cfg.draft_lr, betas=(0.9, 0.95), weight_decay=0.1)
@@ -178,14 +216,15 @@ def train(cfg: TrainConfig) -> dict:
         for opt, lr in ((opt_t, cfg.lr), (opt_d, cfg.draft_lr)):
             for g in opt.param_groups:
                 g["lr"] = lr * scale
-        x, y = _batch(train_stream, cfg, rng)
+        x, y = _row_batch(rows, cfg, rng, tok.pad_token_id)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             lt = target(input_ids=x).logits.float()  # (B, T, V)
-            loss_t = torch.nn.functional.cross_entropy(lt.flatten(0, 1), y.flatten())
+            loss_t = torch.nn.functional.cross_entropy(lt.flatten(0, 1), y.flatten(), ignore_index=-100)
             ld = draft(input_ids=x).logits.float()
-            ce_d = torch.nn.functional.cross_entropy(ld.flatten(0, 1), y.flatten())
-            kl = torch.nn.functional.kl_div(torch.log_softmax(ld, -1).flatten(0, 1),
-                                            torch.log_softmax(lt.detach(), -1).flatten(0, 1),
+            ce_d = torch.nn.functional.cross_entropy(ld.flatten(0, 1), y.flatten(), ignore_index=-100)
+            keep = (y.flatten() != -100)
+            kl = torch.nn.functional.kl_div(torch.log_softmax(ld, -1).flatten(0, 1)[keep],
+                                            torch.log_softmax(lt.detach(), -1).flatten(0, 1)[keep],
                                             log_target=True, reduction="batchmean")
             loss_d = (1 - cfg.distill) * ce_d + cfg.distill * kl
         for opt, loss, model in ((opt_t, loss_t, target), (opt_d, loss_d, draft)):
@@ -196,7 +235,7 @@ def train(cfg: TrainConfig) -> dict:
         step += 1
         now = time.perf_counter()
         if step % 20 == 0:
-            tps = step * cfg.batch * cfg.seq / (now - t0)
+            tps = step * cfg.batch * cfg.seq / (now - t0)  # row positions, padding included
             print(f"\rstep {step} loss target {loss_t.item():.3f} draft {ce_d.item():.3f} kl {kl.item():.3f} "
                   f"{tps:.0f} tok/s {100 * frac:.0f}%", end="", file=sys.stderr, flush=True)
         if now - last_eval > cfg.eval_every_s:
@@ -225,6 +264,7 @@ def _save(target, draft, tok, out: Path, opt_t, opt_d, state_file: Path, summary
 
     for model, name in ((target, "target"), (draft, "draft")):
         shipped = copy.deepcopy(model).to(torch.bfloat16)
+        shipped.config.max_position_embeddings = cfg.seq  # the context it was trained at: the engine budgets to it
         shipped.generation_config.pad_token_id = tok.pad_token_id
         shipped.save_pretrained(out / name)
         tok.save_pretrained(out / name)

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from engine.corpus import END, MID, PRE, SEP, SUF, SourceFile, _looks_generated, collect, fim_text, is_permissive, repo_samples
+from engine.corpus import (END, MID, PRE, SEP, SUF, SourceFile, _looks_generated, collect, fim_text, is_permissive,
+                           repo_samples, window_samples)
 
 
 @pytest.mark.parametrize("licence,ok", [("MIT", True), ("BSD-3-Clause", True), ("Apache-2.0", True), ("PSF-2.0", True),
@@ -53,3 +54,38 @@ def test_repo_samples_keep_every_file_and_add_package_context():
     samples = repo_samples(files, seed=1, context_rate=1.0)
     assert len(samples) == 6
     assert all(s.count(SEP) == 3 for s in samples)  # two context files and the file itself
+
+
+def test_window_samples_fit_a_window_whole_and_fim_ones_put_back_a_real_hole():
+    text = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(400))  # ~12k chars: longer than a window
+    files = [SourceFile("p", "p/m.py", text), SourceFile("p", "p/n.py", text.replace("f", "g"))]
+    samples = window_samples(files, seed=0, min_chars=400, max_chars=1200, context_rate=0.0)
+    fim = [s for s in samples if MID in s]
+    assert fim and len(fim) < len(samples) and all(len(s) <= 1200 + 40 for s in samples)
+    for s in fim:  # each FIM sample holds suffix, prefix, middle and the end token together
+        assert s.endswith(END)
+        full = text if s.startswith(f"{SEP}p/m.py") else text.replace("f", "g")
+        body = s.split("\n", 1)[1][: -len(END)]
+        if body.startswith(SUF):
+            suffix, rest = body[len(SUF):].split(PRE)
+            prefix, middle = rest.split(MID)
+        else:
+            prefix, rest = body[len(PRE):].split(SUF)
+            suffix, middle = rest.split(MID)
+        assert middle and (prefix + middle + suffix) in full
+    plain = [s for s in samples if MID not in s]
+    assert sum(s.endswith(END) for s in plain) <= 2  # the end token only where a file really ends
+
+
+def test_packed_rows_keep_samples_whole(tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    from engine.train import _pack_rows
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    texts = [f"{SEP}a.py\n{SUF}\n{PRE}x = {i}\n{MID}y = {i}{END}" for i in range(50)]
+    rows = _pack_rows(tok, texts, seq=63)
+    mid, end = tok.convert_tokens_to_ids(MID), tok.convert_tokens_to_ids(END)
+    assert rows.shape[1] == 64
+    for row in rows.tolist():  # every middle in a row is followed by its end token in the same row
+        assert row.count(mid) == row.count(end) >= 1
