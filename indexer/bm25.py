@@ -69,6 +69,13 @@ class Bm25Index:
             self._writer.delete_documents_by_term("path", path)
             self._dirty = True
 
+    def remove_ids(self, chunk_ids) -> None:
+        """Remove single chunks (the ones of an edited file whose text changed)."""
+        with self._lock:
+            for cid in chunk_ids:
+                self._writer.delete_documents_by_term("id", int(cid))
+                self._dirty = True
+
     def commit(self) -> None:
         with self._lock:
             if not self._dirty:

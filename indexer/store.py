@@ -15,17 +15,20 @@ from .models import Chunk, Symbol
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
 
+# Chunk positions and chunk contents live in separate tables so that an edit which only moves
+# chunks (lines inserted above them) rewrites a few small rows, not every chunk's text.
+_TABLES = ("files", "chunks", "chunk_text", "vectors", "symbols")
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS files(
     path TEXT PRIMARY KEY, mtime REAL NOT NULL, size INTEGER NOT NULL, digest TEXT NOT NULL, language TEXT);
 CREATE TABLE IF NOT EXISTS chunks(
     id INTEGER PRIMARY KEY AUTOINCREMENT, path TEXT NOT NULL, start_line INTEGER NOT NULL,
-    end_line INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT, header TEXT NOT NULL, text TEXT NOT NULL,
-    tokens TEXT NOT NULL);
+    end_line INTEGER NOT NULL, kind TEXT NOT NULL, name TEXT);
 CREATE INDEX IF NOT EXISTS chunks_path ON chunks(path);
+CREATE TABLE IF NOT EXISTS chunk_text(id INTEGER PRIMARY KEY, header TEXT NOT NULL, text TEXT NOT NULL,
+    tokens TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS vectors(chunk_id INTEGER PRIMARY KEY, vec BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS symbols(
     name TEXT NOT NULL, kind TEXT NOT NULL, path TEXT NOT NULL, start_line INTEGER NOT NULL,
@@ -55,6 +58,9 @@ class FileRecord:
     tokens: list[str]  # one whitespace-joined token string per chunk
     symbols: list[Symbol]  # chunk_index refers into chunks
     vectors: np.ndarray | None  # (len(chunks), dim) or None
+    # per chunk: the id of this file's stored chunk with the same text to keep (its position is
+    # updated, its text, tokens and vector stay), or -1 for a new row. None: replace every chunk.
+    reuse: list[int] | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +81,10 @@ class Store:
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        if self._meta("schema") not in (None, SCHEMA_VERSION):
+            log.warning("index schema changed; clearing %s", self.path)
+            self._db.executescript("".join(f"DROP TABLE IF EXISTS {t};" for t in _TABLES))
         self._db.executescript(_SCHEMA)
         self._dim = dim
         self._check_meta(embedder_name, dim)
@@ -85,9 +95,6 @@ class Store:
 
     def _check_meta(self, embedder_name: str, dim: int) -> None:
         with self._lock:
-            if self._meta("schema") not in (None, SCHEMA_VERSION):
-                log.warning("index schema changed; clearing %s", self.path)
-                self._db.executescript("DELETE FROM files; DELETE FROM chunks; DELETE FROM vectors; DELETE FROM symbols;")
             space = f"{embedder_name}:{dim}"
             if self._meta("vector_space") != space:
                 if self._meta("vector_space") is not None:
@@ -109,8 +116,9 @@ class Store:
     def iter_chunks(self) -> Iterator[StoredChunk]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT c.id, c.path, c.start_line, c.end_line, c.kind, c.name, c.header, c.text, c.tokens, v.vec "
-                "FROM chunks c LEFT JOIN vectors v ON v.chunk_id = c.id ORDER BY c.id"
+                "SELECT c.id, c.path, c.start_line, c.end_line, c.kind, c.name, t.header, t.text, t.tokens, v.vec "
+                "FROM chunks c JOIN chunk_text t ON t.id = c.id LEFT JOIN vectors v ON v.chunk_id = c.id "
+                "ORDER BY c.id"
             ).fetchall()
         for cid, path, s, e, kind, name, header, text, tokens, blob in rows:
             vec = np.frombuffer(blob, dtype=np.float32) if blob is not None else None
@@ -134,42 +142,67 @@ class Store:
             cur.execute("BEGIN IMMEDIATE")
             try:
                 for rec in records:
-                    self._delete_path(cur, rec.path)
-                    ids: list[int] = []
-                    for i, (chunk, tokens) in enumerate(zip(rec.chunks, rec.tokens)):
-                        cur.execute(
-                            "INSERT INTO chunks(path, start_line, end_line, kind, name, header, text, tokens) "
-                            "VALUES(?,?,?,?,?,?,?,?)",
-                            (rec.path, chunk.start_line, chunk.end_line, chunk.kind, chunk.name, chunk.header,
-                             chunk.text, tokens),
-                        )
-                        cid = int(cur.lastrowid)
-                        ids.append(cid)
-                        if rec.vectors is not None:
-                            vec = np.ascontiguousarray(rec.vectors[i], dtype=np.float32)
-                            cur.execute("INSERT INTO vectors VALUES(?, ?)", (cid, vec.tobytes()))
-                    cur.executemany(
-                        "INSERT INTO symbols VALUES(?,?,?,?,?,?,?)",
-                        [
-                            (s.name, s.kind, rec.path, s.start_line, s.end_line, s.container,
-                             ids[s.chunk_index] if 0 <= s.chunk_index < len(ids) else -1)
-                            for s in rec.symbols
-                        ],
-                    )
-                    cur.execute(
-                        "INSERT OR REPLACE INTO files VALUES(?,?,?,?,?)",
-                        (rec.path, rec.mtime, rec.size, rec.digest, rec.language),
-                    )
-                    all_ids.append(ids)
+                    all_ids.append(self._write_file(cur, rec))
                 cur.execute("COMMIT")
             except BaseException:
                 cur.execute("ROLLBACK")
                 raise
         return all_ids
 
+    def _write_file(self, cur: sqlite3.Cursor, rec: FileRecord) -> list[int]:
+        old: dict[int, tuple] = {}
+        if rec.reuse is not None:
+            old = {row[0]: row[1:] for row in cur.execute(
+                "SELECT id, start_line, end_line, kind, name FROM chunks WHERE path=?", (rec.path,))}
+        keep = {cid for cid in (rec.reuse or ()) if cid in old}
+        gone = [(cid,) for cid in old if cid not in keep]
+        if rec.reuse is None:
+            self._delete_path(cur, rec.path)
+        else:
+            cur.executemany("DELETE FROM vectors WHERE chunk_id=?", gone)
+            cur.executemany("DELETE FROM chunk_text WHERE id=?", gone)
+            cur.executemany("DELETE FROM chunks WHERE id=?", gone)
+            cur.execute("DELETE FROM symbols WHERE path=?", (rec.path,))
+        ids: list[int] = []
+        moved = []
+        for i, (chunk, tokens) in enumerate(zip(rec.chunks, rec.tokens)):
+            cid = rec.reuse[i] if rec.reuse is not None else -1
+            if cid in keep:
+                position = (chunk.start_line, chunk.end_line, chunk.kind, chunk.name)
+                if old[cid] != position:
+                    moved.append((*position, cid))
+                ids.append(cid)
+                continue
+            cur.execute(
+                "INSERT INTO chunks(path, start_line, end_line, kind, name) VALUES(?,?,?,?,?)",
+                (rec.path, chunk.start_line, chunk.end_line, chunk.kind, chunk.name),
+            )
+            cid = int(cur.lastrowid)
+            cur.execute("INSERT INTO chunk_text VALUES(?,?,?,?)", (cid, chunk.header, chunk.text, tokens))
+            if rec.vectors is not None:
+                vec = np.ascontiguousarray(rec.vectors[i], dtype=np.float32)
+                cur.execute("INSERT INTO vectors VALUES(?, ?)", (cid, vec.tobytes()))
+            ids.append(cid)
+        if moved:
+            cur.executemany("UPDATE chunks SET start_line=?, end_line=?, kind=?, name=? WHERE id=?", moved)
+        cur.executemany(
+            "INSERT INTO symbols VALUES(?,?,?,?,?,?,?)",
+            [
+                (s.name, s.kind, rec.path, s.start_line, s.end_line, s.container,
+                 ids[s.chunk_index] if 0 <= s.chunk_index < len(ids) else -1)
+                for s in rec.symbols
+            ],
+        )
+        cur.execute(
+            "INSERT OR REPLACE INTO files VALUES(?,?,?,?,?)",
+            (rec.path, rec.mtime, rec.size, rec.digest, rec.language),
+        )
+        return ids
+
     @staticmethod
     def _delete_path(cur: sqlite3.Cursor, path: str) -> None:
         cur.execute("DELETE FROM vectors WHERE chunk_id IN (SELECT id FROM chunks WHERE path=?)", (path,))
+        cur.execute("DELETE FROM chunk_text WHERE id IN (SELECT id FROM chunks WHERE path=?)", (path,))
         cur.execute("DELETE FROM chunks WHERE path=?", (path,))
         cur.execute("DELETE FROM symbols WHERE path=?", (path,))
         cur.execute("DELETE FROM files WHERE path=?", (path,))

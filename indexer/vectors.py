@@ -2,10 +2,42 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 
 import numpy as np
+
+_BLAS_LOCK = threading.Lock()
+_blas = None  # threadpoolctl controller for numpy's BLAS, False when unavailable
+
+
+def _blas_controller():
+    global _blas
+    if _blas is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            ctl = ThreadpoolController().select(user_api="blas")
+            _blas = ctl if ctl.lib_controllers else False
+        except Exception:  # threadpoolctl is optional (it comes with scikit-learn)
+            _blas = False
+    return _blas
+
+
+def matvec(matrix: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """``matrix @ query`` on one BLAS thread.
+
+    A matrix-vector product is memory-bound: a second BLAS thread gains little on an idle
+    machine, and on a busy one (the completion engine runs beside us) OpenBLAS waits for a
+    time slice: measured 8.0 ms p50 at 72k x 256 with 2 threads against 2.6 ms with one.
+    Without threadpoolctl, ``einsum`` (no BLAS, ~25 % slower than one BLAS thread) is used.
+    """
+    ctl = _blas_controller()
+    if not ctl:
+        return np.einsum("ij,j->i", matrix, query)
+    with _BLAS_LOCK, ctl.limit(limits=1):
+        return matrix @ query
 
 
 @dataclass(frozen=True)
@@ -88,18 +120,19 @@ class VectorMatrix:
             n = self._used
             if n == 0:
                 return []
-            scores = self._mat[:n] @ q
-            ids = self._ids[:n].copy()
-        scores[ids < 0] = -np.inf
-        want = min(n, k + (len(exclude) if exclude else 0))
-        if want < n:
-            top = np.argpartition(-scores, want - 1)[:want]
-        else:
-            top = np.arange(n)
-        top = top[np.argsort(-scores[top], kind="stable")]
+            scores = matvec(self._mat[:n], q)
+            if self._free:
+                scores[self._ids[:n] < 0] = -np.inf
+            want = min(n, k + (len(exclude) if exclude else 0))
+            if want < n:
+                top = np.argpartition(scores, n - want)[n - want :]
+            else:
+                top = np.arange(n)
+            top = top[np.argsort(-scores[top], kind="stable")]
+            top_ids = self._ids[top]
         out: list[DenseHit] = []
-        for slot in top:
-            cid = int(ids[slot])
+        for slot, cid in zip(top, top_ids):
+            cid = int(cid)
             if cid < 0 or (exclude and cid in exclude):
                 continue
             out.append(DenseHit(cid, float(scores[slot])))
