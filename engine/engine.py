@@ -101,8 +101,9 @@ class Engine:
         self.draft_lm = make_lm(draft, shared, config.backend, config.budget.total) if draft else None
         capacity = min(self.target_lm.capacity, self.draft_lm.capacity if self.draft_lm else 1 << 30)
         budget = config.budget
-        if budget.total > capacity - 512:  # leave room to generate within the model's context
-            budget = dataclasses.replace(budget, total=max(256, capacity - 512))
+        reserve = min(512, capacity // 4)  # room to generate within the model's context
+        if budget.total > capacity - reserve:
+            budget = dataclasses.replace(budget, total=max(256, capacity - reserve))
         self.prompts = PromptBuilder(template, tok, budget)
         self.eos = self.prompts.stop_ids()
         self.ngram = NgramDrafter()
@@ -175,7 +176,15 @@ class Engine:
 
 
 def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int):
-    """The forward backend for one model: the lean static-cache decoder where it applies, else transformers."""
+    """The forward backend for one model: the lean static-cache decoder where it applies, else transformers.
+
+    backend="llamacpp" (optional extra `draftline[llamacpp]`) runs the model's GGUF on llama.cpp.
+    """
+    if backend == "llamacpp":  # imported only when asked for; a clear ImportError when the extra is missing
+        from engine.llamacpp import load_llamacpp_lm
+
+        n_ctx = min(int(getattr(loaded.model.config, "max_position_embeddings", 8192)), prompt_budget + 4096)
+        return load_llamacpp_lm(loaded.name, vocab_limit=vocab_limit, n_ctx=n_ctx, model=loaded.model)
     from engine import lean
 
     why = lean.supports(loaded.model)

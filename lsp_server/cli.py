@@ -14,6 +14,12 @@ def _bench_engine(args: argparse.Namespace) -> int:
     return run_bench_engine(args)
 
 
+def _bench_peers(args: argparse.Namespace) -> int:
+    from engine.bench_peers import run_bench_peers
+
+    return run_bench_peers(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from lsp_server.server import run_serve
 
@@ -106,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     be = bench_sub.add_parser("engine", help="speculative decoding vs plain greedy and transformers")
     add_bench_engine_arguments(be)
     be.set_defaults(func=_bench_engine)
+    from engine.bench_peers import add_arguments as add_bench_peers_arguments
+
+    bp = bench_sub.add_parser("peers", help="llama.cpp (optional extra) vs draftline on the same weights, interleaved")
+    add_bench_peers_arguments(bp)
+    bp.set_defaults(func=_bench_peers)
     from lsp_server.bench_scenarios import add_arguments as add_bench_scenarios_arguments
 
     bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")
