@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -40,6 +41,7 @@ class _StopRules:
         self.seen = 0
         self.newlines = 0
         self.line = ""
+        self.text = ""
 
     def __call__(self, tokens: list[int]) -> str | None:
         new = self.tokenizer.decode(tokens[self.seen :])  # '\n' is one byte: never split across tokens
@@ -55,11 +57,16 @@ class _StopRules:
             tail = self.tokenizer.decode(tokens[-48:])
             if any(s in tail for s in self.stop):
                 return "stop"
+        self.text += new
+        if _repetition_end(self.text) >= 0:
+            return "repeat"  # a small model looping: nothing after this point would be kept
         if self.budget and self.newlines and time.perf_counter() - self.started > self.budget:
             return "time"  # only once a whole first line exists (llama.cpp's t_max_predict_ms rule)
         return None
 
     def cut(self, text: str) -> str:
+        if (end := _repetition_end(text)) >= 0:
+            text = text[:end]
         if self.min_indent >= 0 and (end := _scope_end(text, self.min_indent)) >= 0:
             text = text[:end]
         for s in self.stop:
@@ -84,6 +91,34 @@ def _scope_end(text: str, min_indent: int) -> int:
         if line.strip() and len(line) - len(line.lstrip()) < min_indent:
             return offset - 1  # cut before the newline that led to it
         offset += len(line) + 1
+    return -1
+
+
+_LOOP_IN_LINE = re.compile(r"(\S.{1,39}?)\1{3,}\Z")  # a 2-40 character unit, four or more times at the end
+REPEATED_LINES = 3  # the same line this many times in a row is a loop
+
+
+def _repetition_end(text: str) -> int:
+    """Where a degenerate loop starts, keeping its first occurrence; -1 if the text is not looping.
+
+    Two shapes (Tabby's post-processing drops the same ones): one non-blank line written
+    REPEATED_LINES times in a row, and a unit of 2-40 characters with a letter in it repeated four
+    times at the end of the line being written (`self.x, self.x, self.x, self.x, `). Real code
+    rarely does either; a small model does it until the token limit.
+    """
+    lines = text.split("\n")
+    done = lines[:-1]  # complete lines only: the last may still grow
+    if len(done) >= REPEATED_LINES:
+        last = done[-1]
+        if last.strip() and any(c.isalnum() for c in last) and all(l == last for l in done[-REPEATED_LINES:]):
+            run = REPEATED_LINES
+            while run < len(done) and done[-run - 1] == last:
+                run += 1
+            return len("\n".join(done[: len(done) - run + 1]))  # up to the end of its first occurrence
+    tail = lines[-1][-200:]
+    m = _LOOP_IN_LINE.search(tail)
+    if m and any(c.isalpha() for c in m.group(1)):
+        return len(text) - len(tail) + m.start() + len(m.group(1))
     return -1
 
 

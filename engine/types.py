@@ -94,6 +94,6 @@ class CompletionResult:
 
     text: str
     cancelled: bool = False
-    stop_reason: str = ""  # eos | stop | max_tokens | max_lines | time | cancelled | error
+    stop_reason: str = ""  # eos | stop | max_tokens | max_lines | scope | repeat | time | cancelled | error
     tokens: tuple[int, ...] = ()
     stats: CompletionStats = field(default_factory=CompletionStats)
