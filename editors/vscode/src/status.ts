@@ -1,0 +1,67 @@
+/**
+ * draftline/status (the server's metrics) -> the status bar item's text and tooltip. Pure: no
+ * `vscode` import, so plain Node tests can feed it the real server's answer.
+ */
+
+export const STATUS_METHOD = 'draftline/status';
+/** Always send params: the server (pygls) answers a request without `params` with -32602. */
+export const STATUS_PARAMS = {};
+
+/** The fields of the server's answer that the status bar reads (lsp_server/server.py, Draftline.status). */
+export interface ServerStatus {
+  engine?: { state?: string; target?: string; error?: string };
+  requests?: number;
+  answered?: number;
+  accepted?: number;
+  acceptance_rate?: number;
+  latency_ms?: { count?: number; p50?: number; p99?: number };
+  index?: { state?: string; files?: number; pending?: number; chunks?: number };
+  memory?: { rss_mb?: number };
+}
+
+export interface StatusView {
+  text: string;
+  tooltip: string;
+  warning: boolean;
+}
+
+const percent = (x: number) => `${Math.round(x * 100)}%`;
+
+function indexText(index: ServerStatus['index']): string {
+  if (!index || index.state !== 'building') return '';
+  const files = index.files ?? 0;
+  const pending = index.pending ?? 0;
+  const total = files + pending;
+  return total > 0 && pending > 0 ? `indexing ${percent(files / total)}` : 'indexing';
+}
+
+/** What the status bar shows; `status` is undefined while the server is not running or answering. */
+export function statusView(status: ServerStatus | undefined, enabled: boolean, running: boolean): StatusView {
+  if (!running || !status) {
+    return { text: '$(circle-slash) draftline', tooltip: 'draftline: server not running (draftline: Restart Server)', warning: true };
+  }
+  const engine = status.engine ?? {};
+  const state = engine.state ?? 'unknown';
+  const latency = status.latency_ms ?? {};
+  const lines = [
+    `draftline — engine ${state}${engine.target ? ` (${engine.target})` : ''}`,
+    `latency p50 ${latency.p50 ?? 0} ms, p99 ${latency.p99 ?? 0} ms over ${latency.count ?? 0} requests`,
+    `accepted ${status.accepted ?? 0} of ${status.answered ?? 0} answered (${percent(status.acceptance_rate ?? 0)})`,
+    `index ${status.index?.state ?? 'none'}${status.index?.files !== undefined ? `, ${status.index.files} files` : ''}`,
+  ];
+  if (engine.error) lines.push(`error: ${engine.error}`);
+  if (status.memory?.rss_mb !== undefined) lines.push(`server memory ${status.memory.rss_mb} MB`);
+  lines.push(enabled ? 'Click for details, toggle and restart' : 'Inline completions are off; click to turn them on');
+  const tooltip = lines.join('\n');
+  const indexing = indexText(status.index);
+  if (!enabled) return { text: '$(circle-slash) draftline off', tooltip, warning: false };
+  if (state === 'failed') return { text: '$(error) draftline', tooltip, warning: true };
+  if (state === 'loading') return { text: '$(sync~spin) draftline loading', tooltip, warning: false };
+  if (state === 'empty' || !engine.target) {
+    return { text: '$(warning) draftline: no model', tooltip: `${tooltip}\nSet draftline.model.target`, warning: true };
+  }
+  const ms = latency.count ? `${Math.round(latency.p50 ?? 0)} ms` : '– ms';
+  const parts = [ms, percent(status.acceptance_rate ?? 0)];
+  if (indexing) parts.push(indexing);
+  return { text: `$(sparkle) draftline ${parts.join(' · ')}`, tooltip, warning: false };
+}

@@ -1,0 +1,39 @@
+/** The status bar text for the shapes of draftline/status (the live answer is checked in protocol.test). */
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+import { statusView } from '../src/status';
+
+const ready = {
+  engine: { state: 'ready', target: 'fake', error: '' },
+  answered: 4,
+  accepted: 1,
+  acceptance_rate: 0.25,
+  latency_ms: { count: 4, p50: 12.4, p99: 40 },
+  index: { state: 'ready', files: 10 },
+};
+
+test('ready: latency p50 and acceptance', () => {
+  const view = statusView(ready, true, true);
+  assert.equal(view.text, '$(sparkle) draftline 12 ms · 25%');
+  assert.match(view.tooltip, /p50 12.4 ms, p99 40 ms over 4 requests/);
+  assert.match(view.tooltip, /accepted 1 of 4 answered \(25%\)/);
+  assert.equal(view.warning, false);
+});
+
+test('indexing progress from the index counters', () => {
+  const view = statusView({ ...ready, index: { state: 'building', files: 30, pending: 10 } }, true, true);
+  assert.equal(view.text, '$(sparkle) draftline 12 ms · 25% · indexing 75%');
+  assert.equal(statusView({ ...ready, index: { state: 'building' } }, true, true).text, '$(sparkle) draftline 12 ms · 25% · indexing');
+});
+
+test('loading, failed, no model, off, not running', () => {
+  assert.equal(statusView({ engine: { state: 'loading', target: 'x' } }, true, true).text, '$(sync~spin) draftline loading');
+  const failed = statusView({ engine: { state: 'failed', target: 'x', error: 'OSError: nope' } }, true, true);
+  assert.equal(failed.text, '$(error) draftline');
+  assert.match(failed.tooltip, /error: OSError: nope/);
+  assert.equal(failed.warning, true);
+  assert.equal(statusView({ engine: { state: 'ready', target: '' } }, true, true).text, '$(warning) draftline: no model');
+  assert.equal(statusView(ready, false, true).text, '$(circle-slash) draftline off');
+  assert.equal(statusView(undefined, true, false).warning, true);
+  assert.equal(statusView({ ...ready, latency_ms: { count: 0 } }, true, true).text, '$(sparkle) draftline – ms · 25%');
+});
