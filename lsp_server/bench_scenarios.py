@@ -173,7 +173,7 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
             runs[mode] = (res, time.perf_counter() - started)
         task_count[task.scenario] += 1
         plain = runs["plain"][0]
-        if degenerate(plain.text):
+        if plain.stop_reason == "repeat" or degenerate(plain.text):  # the engine cut a loop, or one got through
             degenerate_count[task.scenario] += 1
             continue  # shown separately, kept out of the headline numbers
         for mode, (res, elapsed) in runs.items():

@@ -34,7 +34,7 @@ class CompletionConfig:
     """How a completion is asked for and shaped."""
 
     mode: Literal["auto", "single", "multi"] = "auto"
-    debounce_ms: float = 25.0
+    debounce_ms: float = 10.0  # bench lsp, 12 keys/s: p50 36 ms at 10 vs 50 ms at 25, engine runs +2 %
     prefix_chars: int = 6000  # local window before the cursor (the engine budgets tokens)
     suffix_chars: int = 1500
     window_quantum: int = 512  # the prefix window start moves in steps of this (cache reuse)
