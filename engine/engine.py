@@ -210,6 +210,9 @@ class Engine:
         return AdaptiveGamma(spec.gamma, spec.window)
 
 
+BACKENDS = ("auto", "lean", "transformers", "llamacpp")
+
+
 def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int):
     """The forward backend for one model: the lean static-cache decoder where it applies, else transformers.
 
@@ -232,8 +235,17 @@ def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_b
 
 
 def load_engine(target: str, draft: str | None = None, *, device: str | None = None, dtype: str = "auto",
-                trust_remote_code: bool = False, config: EngineConfig = EngineConfig()) -> Engine:
-    """Load a target (and optional draft sharing its tokenizer) and build an Engine."""
+                trust_remote_code: bool = False, config: EngineConfig = EngineConfig(),
+                backend: str | None = None) -> Engine:
+    """Load a target (and optional draft sharing its tokenizer) and build an Engine.
+
+    ``backend`` (auto | lean | transformers | llamacpp) overrides ``config.backend``, so that the
+    server's ``model.options = { backend = "llamacpp" }`` reaches it.
+    """
+    if backend is not None:
+        config = dataclasses.replace(config, backend=backend)
+    if config.backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {config.backend!r}")
     tgt = load_model(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     drf = load_model(draft, device=device, dtype=dtype, trust_remote_code=trust_remote_code) if draft else None
     if drf is not None:

@@ -68,6 +68,16 @@ def test_fake_engine_is_deterministic_and_cancellable():
     assert fake.complete(REQ, ev).cancelled
 
 
+def test_backend_option_reaches_the_engine(model_dirs):
+    """model.options = { backend = ... } from the server config is a load_engine keyword."""
+    from engine.model import CachedLM
+
+    eng = load_engine(str(model_dirs["target"]), None, dtype="float32", backend="transformers")
+    assert eng.config.backend == "transformers" and type(eng.target_lm) is CachedLM
+    with pytest.raises(ValueError):
+        load_engine(str(model_dirs["target"]), None, dtype="float32", backend="no-such-backend")
+
+
 def test_mismatched_tokenizer_is_refused(model_dirs, tmp_path):
     from transformers import AutoTokenizer
 
