@@ -15,7 +15,7 @@ if command -v npm >/dev/null; then
     || echo "WARNING: npm ci in editors/vscode failed (VS Code extension tests will skip)" >&2
   # optional (~2 min, ~800 MB in ~/.cache/draftline-editors): code-server + playwright-core + Chromium for the UI test
   if [ "${DRAFTLINE_CODE_SERVER:-0}" = 1 ]; then
-    "$HERE/vscode/install-code-server.sh" || echo "WARNING: code-server not installed (its UI test will skip)" >&2
+    bash "$HERE/vscode/install-code-server.sh" || echo "WARNING: code-server not installed (its UI test will skip)" >&2
   fi
 else
   echo "WARNING: npm absent (VS Code extension tests will skip)" >&2
