@@ -45,6 +45,12 @@ class DraftlineProtocol(LanguageServerProtocol):
             return JsonRPCNotification(method="$/draftline/answeredInvalid", jsonrpc="2.0", params=None)
 
 
+def model_label(model) -> str:
+    """What draftline/status calls the model: its target, or "bundled" when none is set (the default
+    pair; clients used to read the empty string as "no model" while it was serving)."""
+    return model.target or "bundled"
+
+
 @dataclass
 class EngineSlot:
     """Where the model stands: empty | loading | ready | failed."""
@@ -269,7 +275,7 @@ class Draftline:
     def status(self) -> dict[str, Any]:
         tel, sched = self.telemetry, self.scheduler.stats
         return {
-            "engine": {"state": self.slot.state, "target": self.config.model.target, "error": self.slot.error},
+            "engine": {"state": self.slot.state, "target": model_label(self.config.model), "error": self.slot.error},
             "requests": tel.requests,
             "answered": tel.answered,
             "empty": tel.empty,

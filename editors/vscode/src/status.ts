@@ -57,9 +57,7 @@ export function statusView(status: ServerStatus | undefined, enabled: boolean, r
   if (!enabled) return { text: '$(circle-slash) draftline off', tooltip, warning: false };
   if (state === 'failed') return { text: '$(error) draftline', tooltip, warning: true };
   if (state === 'loading') return { text: '$(sync~spin) draftline loading', tooltip, warning: false };
-  if (state === 'empty' || !engine.target) {
-    return { text: '$(warning) draftline: no model', tooltip: `${tooltip}\nSet draftline.model.target`, warning: true };
-  }
+  if (state === 'empty') return { text: '$(sync~spin) draftline starting', tooltip, warning: false };
   const ms = latency.count ? `${Math.round(latency.p50 ?? 0)} ms` : '– ms';
   const parts = [ms, percent(status.acceptance_rate ?? 0)];
   if (indexing) parts.push(indexing);
