@@ -23,6 +23,43 @@ def test_vector_matrix_topk_remove_and_slot_reuse():
     assert [h.chunk_id for h in m.search(vecs[3], 10)][:5] == [int(i) if i != 7 else 100 for i in brute[:5]]
 
 
+def test_bfloat16_scan_with_exact_rescoring_matches_float32_search(monkeypatch):
+    """Past BF16_MIN_ROWS the scan runs on a bfloat16 mirror; the hits and scores must be the
+    float32 ones, also after removals, re-adds (dirty rows patched) and growth (mirror rebuilt)."""
+    pytest.importorskip("torch")
+    import indexer.vectors as vectors
+
+    rng = np.random.default_rng(1)
+    vecs = normalise(rng.normal(size=(3000, 32))).astype(np.float32)
+    m = VectorMatrix(32, capacity=1024)
+    m.add(list(range(2000)), vecs[:2000])
+    queries = normalise(rng.normal(size=(20, 32))).astype(np.float32)
+
+    def both(q, k=10, exclude=None):
+        monkeypatch.setattr(vectors, "BF16_MIN_ROWS", 10**9)
+        exact = m.search(q, k, exclude)
+        monkeypatch.setattr(vectors, "BF16_MIN_ROWS", 100)
+        fast = m.search(q, k, exclude)
+        return exact, fast
+
+    def check():
+        for q in queries:
+            exact, fast = both(q, exclude={1, 2, 3})
+            assert [h.chunk_id for h in fast] == [h.chunk_id for h in exact]
+            assert [h.score for h in fast] == pytest.approx([h.score for h in exact], abs=1e-6)
+
+    check()
+    assert m._bf16 is not None  # the mirror was used
+    m.remove(list(range(0, 2000, 3)))  # freed slots are masked in the mirror too
+    m.add([5000 + i for i in range(300)], vecs[2000:2300])  # reuses freed slots: dirty rows
+    check()
+    m.add([9000 + i for i in range(700)], vecs[2300:3000])  # grows past capacity: rebuilt
+    check()
+    for cid in (9000, 5000, 4):  # a stored vector is its own best hit through the mirror
+        hit = m.search(m.get(cid), 1)[0]
+        assert hit.chunk_id == cid and hit.score == pytest.approx(1.0, abs=1e-5)
+
+
 def test_make_embedder_none_and_unknown(tmp_path):
     assert make_embedder("none", tmp_path) is None
     with pytest.raises(ValueError):
