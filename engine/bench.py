@@ -23,18 +23,33 @@ RANDOM_NOTE = ("random-init models: their text is noise and often repeats itself
                "speedup say nothing about real code; only 'identical' and the cost of a forward are meaningful")
 
 
+def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
+    """The prompt set and output options shared with `bench peers`."""
+    p.add_argument("--prompts", type=int, default=8, help="prompts cut from the standard library")
+    p.add_argument("--max-new", type=int, default=48, help="tokens per completion")
+    p.add_argument("--prompt-chars", type=int, default=3000, help="characters of code before each cut")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", help="target model directory or hub id (default: the bundled target, "
                    "else a random-init pair)")
     p.add_argument("--draft", help="draft model directory or hub id (default: the bundled draft)")
-    p.add_argument("--prompts", type=int, default=8, help="prompts cut from the standard library")
-    p.add_argument("--max-new", type=int, default=48, help="tokens per completion")
-    p.add_argument("--prompt-chars", type=int, default=3000, help="characters of code before each cut")
+    add_prompt_arguments(p)
     p.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated subset of " + ",".join(ALL_MODES))
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--device", default=None)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+
+def spec_for(mode: str):
+    """A draftline mode name (`plain` or one of DRAFTLINE_MODES) -> SpecConfig."""
+    from engine.types import SpecConfig
+
+    if mode != "plain" and mode not in DRAFTLINE_MODES:
+        raise ValueError(f"unknown draftline mode {mode!r}")
+    drafter, _, g = mode.partition("-")
+    return SpecConfig(drafter="none" if mode == "plain" else drafter, schedule="adaptive" if g == "adaptive" else "fixed")
 
 
 @dataclass
@@ -129,7 +144,7 @@ def run_bench_engine(args: argparse.Namespace) -> int:
     import torch
 
     from engine.engine import load_engine
-    from engine.types import CompletionRequest, Limits, SpecConfig
+    from engine.types import CompletionRequest, Limits
 
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(ALL_MODES)
@@ -171,8 +186,7 @@ def run_bench_engine(args: argparse.Namespace) -> int:
                 tokens, elapsed = _hf_generate(engine, prompt_tokens, args.max_new, mode)
                 results[mode] = (tuple(tokens), elapsed, None)
                 continue
-            drafter, _, g = mode.partition("-")
-            spec = SpecConfig(drafter="none" if mode == "plain" else drafter, schedule="adaptive" if g == "adaptive" else "fixed")
+            spec = spec_for(mode)
             started = time.perf_counter()
             res = engine.complete(request, threading.Event(), spec)
             results[mode] = (res.tokens, time.perf_counter() - started, res.stats)

@@ -44,11 +44,11 @@ DEFAULT_ENGINES = (PEER_ENGINES + [f"draftline-{m}" for m in DRAFTLINE_ENGINES]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from engine.bench import add_prompt_arguments
+
     p.add_argument("--target", help="target model directory (default: the bundled target, else a random-init pair)")
     p.add_argument("--draft", help="draft model directory (default: the bundled draft)")
-    p.add_argument("--prompts", type=int, default=8, help="prompts cut from the standard library")
-    p.add_argument("--max-new", type=int, default=48, help="tokens per completion")
-    p.add_argument("--prompt-chars", type=int, default=3000, help="characters of code before each cut")
+    add_prompt_arguments(p)
     p.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                    help="comma-separated subset of " + ",".join(DEFAULT_ENGINES)
                    + " (draftline modes: any of engine/bench.py's plain and DRAFTLINE_MODES)")
@@ -58,8 +58,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-type", default="f16", choices=["f16", "f32"], help="llama.cpp KV-cache type (its default f16)")
     p.add_argument("--llamacpp-src", default=None,
                    help="llama-cpp-python sdist (.tar.gz) or llama.cpp checkout holding convert_hf_to_gguf.py")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
 
 @dataclass
@@ -86,17 +84,6 @@ def reference_of(name: str) -> str:
     if name.startswith("draftline[llamacpp]-"):
         return "draftline[llamacpp]-plain"
     return "draftline-plain"
-
-
-def _spec_for(mode: str):
-    """engine/bench.py's mode names -> SpecConfig (the same parse `bench engine` does)."""
-    from engine.bench import DRAFTLINE_MODES
-    from engine.types import SpecConfig
-
-    if mode != "plain" and mode not in DRAFTLINE_MODES:
-        raise ValueError(f"unknown draftline mode {mode!r}")
-    drafter, _, g = mode.partition("-")
-    return SpecConfig(drafter="none" if mode == "plain" else drafter, schedule="adaptive" if g == "adaptive" else "fixed")
 
 
 def _draft_model_adapter(draft_llm, k: int):
@@ -158,7 +145,7 @@ def run_bench_peers(args: argparse.Namespace) -> int:
     names = [n for n in args.engines.split(",") if n]
     for n in names:
         if n not in PEER_ENGINES:
-            _spec_for(n.split("-", 1)[1] if n.startswith(("draftline-", "draftline[llamacpp]-")) else n)
+            bench.spec_for(n.split("-", 1)[1] if n.startswith(("draftline-", "draftline[llamacpp]-")) else n)
     for ref in {reference_of(n) for n in names} | {"llamacpp-plain"}:
         if ref not in names:
             names.insert(0, ref)
@@ -245,7 +232,7 @@ def run_bench_peers(args: argparse.Namespace) -> int:
                 t0 = time.perf_counter()
                 eng.prompts.build(request)
                 build_s = time.perf_counter() - t0
-                res = eng.complete(request, threading.Event(), _spec_for(mode))
+                res = eng.complete(request, threading.Event(), bench.spec_for(mode))
                 tokens, stats = list(res.tokens), res.stats
                 total_s, prefill_s = stats.total_s - build_s, stats.prefill_s
             run.total_s.append(total_s)

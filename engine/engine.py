@@ -40,14 +40,14 @@ class _StopRules:
         self.started = time.perf_counter()
         self.seen = 0
         self.newlines = 0
-        self.line = ""
-        self.text = ""
+        self.text = ""  # decoded so far
 
     def __call__(self, tokens: list[int]) -> str | None:
         new = self.tokenizer.decode(tokens[self.seen :])  # '\n' is one byte: never split across tokens
         self.newlines += new.count("\n")
         self.seen = len(tokens)
-        self.line = new.rsplit("\n", 1)[-1] if "\n" in new else self.line + new  # the line being written
+        self.text += new
+        self.line = self.text[self.text.rfind("\n") + 1 :]  # the line being written
         if self.min_indent >= 0 and self.newlines and self.line.strip() and \
                 len(self.line) - len(self.line.lstrip()) < self.min_indent:
             return "scope"  # a later line starts left of the scope (the same rule as _scope_end)
@@ -57,7 +57,6 @@ class _StopRules:
             tail = self.tokenizer.decode(tokens[-48:])
             if any(s in tail for s in self.stop):
                 return "stop"
-        self.text += new
         if _repetition_end(self.text) >= 0:
             return "repeat"  # a small model looping: nothing after this point would be kept
         if self.budget and self.newlines and time.perf_counter() - self.started > self.budget:
@@ -218,16 +217,15 @@ def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_b
 
     backend="llamacpp" (optional extra `draftline[llamacpp]`) runs the model's GGUF on llama.cpp.
     """
+    max_len = min(int(getattr(loaded.model.config, "max_position_embeddings", 8192)), prompt_budget + 4096)
     if backend == "llamacpp":  # imported only when asked for; a clear ImportError when the extra is missing
         from engine.llamacpp import load_llamacpp_lm
 
-        n_ctx = min(int(getattr(loaded.model.config, "max_position_embeddings", 8192)), prompt_budget + 4096)
-        return load_llamacpp_lm(loaded.name, vocab_limit=vocab_limit, n_ctx=n_ctx, model=loaded.model)
+        return load_llamacpp_lm(loaded.name, vocab_limit=vocab_limit, n_ctx=max_len, model=loaded.model)
     from engine import lean
 
     why = lean.supports(loaded.model)
     if backend == "lean" or (backend == "auto" and why is None):
-        max_len = min(int(getattr(loaded.model.config, "max_position_embeddings", 8192)), prompt_budget + 4096)
         return lean.LeanLM(loaded.model, loaded.device, vocab_limit=vocab_limit, max_len=max_len)
     if backend == "auto":
         log.info("%s: transformers backend (%s)", loaded.name, why)
