@@ -139,6 +139,7 @@ class Engine:
         if budget.total > capacity - reserve:
             budget = dataclasses.replace(budget, total=max(256, capacity - reserve))
         self.prompts = PromptBuilder(template, tok, budget)
+        self.capacity = capacity
         self.eos = self.prompts.stop_ids()
         self.ngram = NgramDrafter()
         self.model_drafter = ModelDrafter(self.draft_lm) if self.draft_lm else None
@@ -167,8 +168,10 @@ class Engine:
         stats = CompletionStats()
         if cancel.is_set():
             return CompletionResult("", cancelled=True, stop_reason="cancelled", stats=stats)
-        prompt = self.prompts.build(request)
         limits = request.limits
+        # a long answer (a multi-line or refactor request) gets its room by shortening the prompt, up to half the context
+        room_wanted = min(limits.max_tokens, self.capacity // 2)
+        prompt = self.prompts.build(request, total=max(256, self.capacity - room_wanted))
         room = self.target_lm.capacity - len(prompt.tokens)
         if self.draft_lm:
             room = min(room, self.draft_lm.capacity - len(prompt.tokens))

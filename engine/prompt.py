@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
 from engine.types import CompletionRequest, Snippet
@@ -151,9 +151,10 @@ class PromptBuilder:
             ids.add(int(self.tokenizer.eos_token_id))
         return frozenset(ids)
 
-    def build(self, request: CompletionRequest, prefix_offset: int = 0) -> Prompt:
-        """`prefix_offset`: where request.prefix starts in the document (for anchoring)."""
-        b = self.budget
+    def build(self, request: CompletionRequest, prefix_offset: int = 0, total: int | None = None) -> Prompt:
+        """`prefix_offset`: where request.prefix starts in the document (for anchoring); `total`: a
+        smaller token budget than the configured one for this prompt (to leave room for a long answer)."""
+        b = self.budget if total is None or total >= self.budget.total else replace(self.budget, total=total)
         suffix = "" if self.template.order == "none" else self._fit_lines(request.suffix, int(b.total * b.suffix_share), head=True)
         snippet_budget = int(b.total * b.snippet_share)
         chosen: list[Snippet] = []

@@ -77,14 +77,15 @@ class TrainConfig:
     seed: int = 0
     threads: int = 0  # 0 = torch default
     resume: bool = False
+    models: tuple[str, ...] = ("target", "draft")  # which of the pair this run trains (the other is kept as is)
 
 
-def _llama_config(size: ModelSize, tok):
+def _llama_config(size: ModelSize, tok, seq: int):
     from transformers import LlamaConfig
 
     return LlamaConfig(vocab_size=len(tok), hidden_size=size.hidden, num_hidden_layers=size.layers,
                        num_attention_heads=size.heads, num_key_value_heads=size.heads, intermediate_size=size.ffn,
-                       max_position_embeddings=4096, tie_word_embeddings=True, rope_theta=10000.0,
+                       max_position_embeddings=seq, tie_word_embeddings=True, rope_theta=10000.0,
                        bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 
 
@@ -188,10 +189,14 @@ def train(cfg: TrainConfig) -> dict:
     else:
         sample = [f.text for f in corpus.train[:: max(1, len(corpus.train) // 1500)]]
         tok = train_tokenizer(sample, cfg.vocab, state_dir / "tokenizer")
-        target = LlamaForCausalLM(_llama_config(SIZES["target"], tok))
-        draft = LlamaForCausalLM(_llama_config(SIZES["draft"], tok))
+        target = LlamaForCausalLM(_llama_config(SIZES["target"], tok, cfg.seq))
+        draft = LlamaForCausalLM(_llama_config(SIZES["draft"], tok, cfg.seq))
         summary = {"runs": [], "steps": 0, "tokens_seen": 0}
-    rows = _pack_rows(tok, window_samples(corpus.train, cfg.seed + summary["steps"]), cfg.seq)
+    # sample sizes follow the row length, so a longer context is trained on longer files and peers
+    scale = cfg.seq / 1024
+    samples = window_samples(corpus.train, cfg.seed + summary["steps"], max_chars=int(3000 * scale),
+                             context_chars=int(600 * scale))
+    rows = _pack_rows(tok, samples, cfg.seq)
     held_stream = _encode_stream(tok, repo_samples(corpus.held_out, 99))
     log.info("rows: %d x %d train, %d held-out tokens; params target %.2fM draft %.2fM", len(rows), cfg.seq + 1, len(held_stream),
              target.num_parameters() / 1e6, draft.num_parameters() / 1e6)
@@ -204,10 +209,15 @@ def train(cfg: TrainConfig) -> dict:
         opt_d.load_state_dict(saved["draft"])
     rng = np.random.default_rng(cfg.seed + summary["steps"])
     budget = cfg.minutes * 60
-    run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "minutes": cfg.minutes, "evals": [],
+    run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "minutes": cfg.minutes, "evals": [], "seq": cfg.seq,
+           "trained": list(cfg.models), "lr": cfg.lr, "draft_lr": cfg.draft_lr,
            "hardware": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
            "data": corpus.manifest}
     target.train(), draft.train()
+    for name, model in (("target", target), ("draft", draft)):
+        model.requires_grad_(name in cfg.models)
+        if name in cfg.models:
+            model.config.max_position_embeddings = max(cfg.seq, int(model.config.max_position_embeddings))
     t0 = last_eval = last_ckpt = time.perf_counter()
     step = 0
     while time.perf_counter() - t0 < budget:
@@ -217,27 +227,13 @@ def train(cfg: TrainConfig) -> dict:
             for g in opt.param_groups:
                 g["lr"] = lr * scale
         x, y = _row_batch(rows, cfg, rng, tok.pad_token_id)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            lt = target(input_ids=x).logits.float()  # (B, T, V)
-            loss_t = torch.nn.functional.cross_entropy(lt.flatten(0, 1), y.flatten(), ignore_index=-100)
-            ld = draft(input_ids=x).logits.float()
-            ce_d = torch.nn.functional.cross_entropy(ld.flatten(0, 1), y.flatten(), ignore_index=-100)
-            keep = (y.flatten() != -100)
-            kl = torch.nn.functional.kl_div(torch.log_softmax(ld, -1).flatten(0, 1)[keep],
-                                            torch.log_softmax(lt.detach(), -1).flatten(0, 1)[keep],
-                                            log_target=True, reduction="batchmean")
-            loss_d = (1 - cfg.distill) * ce_d + cfg.distill * kl
-        for opt, loss, model in ((opt_t, loss_t, target), (opt_d, loss_d, draft)):
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+        losses = _step(target, draft, x, y, cfg, opt_t, opt_d)
         step += 1
         now = time.perf_counter()
         if step % 20 == 0:
             tps = step * cfg.batch * cfg.seq / (now - t0)  # row positions, padding included
-            print(f"\rstep {step} loss target {loss_t.item():.3f} draft {ce_d.item():.3f} kl {kl.item():.3f} "
-                  f"{tps:.0f} tok/s {100 * frac:.0f}%", end="", file=sys.stderr, flush=True)
+            shown = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
+            print(f"\rstep {step} {shown} {tps:.0f} tok/s {100 * frac:.0f}%", end="", file=sys.stderr, flush=True)
         if now - last_eval > cfg.eval_every_s:
             target.eval(), draft.eval()
             ev = {"elapsed_s": round(now - t0), "step": summary["steps"] + step, **evaluate(target, draft, held_stream, cfg)}
@@ -255,6 +251,42 @@ def train(cfg: TrainConfig) -> dict:
     return run
 
 
+def _step(target, draft, x, y, cfg: TrainConfig, opt_t, opt_d) -> dict:
+    """One optimizer step of the models in cfg.models; the draft learns from the data and the target's logits."""
+    import torch
+
+    f = torch.nn.functional
+    out: dict[str, float] = {}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if "target" in cfg.models:
+            lt = target(input_ids=x).logits.float()  # (B, T, V)
+            loss_t = f.cross_entropy(lt.flatten(0, 1), y.flatten(), ignore_index=-100)
+            _update(opt_t, loss_t, target)
+            out["target"] = loss_t.item()
+        if "draft" not in cfg.models:
+            return out
+        if "target" not in cfg.models:
+            with torch.no_grad():
+                lt = target(input_ids=x).logits.float()
+        ld = draft(input_ids=x).logits.float()
+        ce_d = f.cross_entropy(ld.flatten(0, 1), y.flatten(), ignore_index=-100)
+        keep = y.flatten() != -100
+        kl = f.kl_div(torch.log_softmax(ld, -1).flatten(0, 1)[keep], torch.log_softmax(lt.detach(), -1).flatten(0, 1)[keep],
+                      log_target=True, reduction="batchmean")
+        _update(opt_d, (1 - cfg.distill) * ce_d + cfg.distill * kl, draft)
+    out.update(draft=ce_d.item(), kl=kl.item())
+    return out
+
+
+def _update(opt, loss, model) -> None:
+    import torch
+
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def _save(target, draft, tok, out: Path, opt_t, opt_d, state_file: Path, summary: dict, run: dict, step: int,
           cfg: TrainConfig) -> None:
     """Write both models (bf16 safetensors: half the bytes in git) and the summary; keep the optimizer aside."""
@@ -264,7 +296,7 @@ def _save(target, draft, tok, out: Path, opt_t, opt_d, state_file: Path, summary
 
     for model, name in ((target, "target"), (draft, "draft")):
         shipped = copy.deepcopy(model).to(torch.bfloat16)
-        shipped.config.max_position_embeddings = cfg.seq  # the context it was trained at: the engine budgets to it
+        # max_position_embeddings is the longest context it has been trained at: the engine budgets to it
         shipped.generation_config.pad_token_id = tok.pad_token_id
         shipped.save_pretrained(out / name)
         tok.save_pretrained(out / name)

@@ -56,8 +56,12 @@ def _held_out_files() -> list[tuple[str, str]]:
     return [(f.path, f.text) for f in corpus.held_out]
 
 
-def make_tasks(n: int, seed: int, scenarios: tuple[str, ...]) -> list[Task]:
-    """Tasks cut from the held-out split (packages the bundled pair never trained on)."""
+def make_tasks(n: int, seed: int, scenarios: tuple[str, ...], count_tokens=None, room: int = 2048) -> list[Task]:
+    """Tasks cut from the held-out split (packages the bundled pair never trained on).
+
+    With `count_tokens` (the model's tokenizer), a refactor task is a class the model can both read
+    and re-emit: between min(800, room // 2) and room - 64 tokens, `room` being half its context.
+    """
     rng = random.Random(seed)
     files = _held_out_files()
     rng.shuffle(files)
@@ -65,7 +69,7 @@ def make_tasks(n: int, seed: int, scenarios: tuple[str, ...]) -> list[Task]:
     for scenario in scenarios:
         made = 0
         for path, text in files:
-            task = _cut(scenario, path, text, rng)
+            task = _cut(scenario, path, text, rng, count_tokens, room)
             if task is not None:
                 tasks.append(task)
                 made += 1
@@ -74,7 +78,7 @@ def make_tasks(n: int, seed: int, scenarios: tuple[str, ...]) -> list[Task]:
     return tasks
 
 
-def _cut(scenario: str, path: str, text: str, rng: random.Random) -> Task | None:
+def _cut(scenario: str, path: str, text: str, rng: random.Random, count_tokens=None, room: int = 2048) -> Task | None:
     lines = text.splitlines(keepends=True)
     try:
         tree = ast.parse(text)
@@ -110,7 +114,10 @@ def _cut(scenario: str, path: str, text: str, rng: random.Random) -> Task | None
             return Task(scenario, path, req)
         return None
     # refactor: re-emit a class after a rename; long and copy-heavy
-    classes = [c for c in tree.body if isinstance(c, ast.ClassDef) and 60 <= c.end_lineno - c.lineno <= 220]
+    classes = [c for c in tree.body if isinstance(c, ast.ClassDef) and 40 <= c.end_lineno - c.lineno <= 220]
+    if count_tokens is not None:
+        low = min(800, room // 2)
+        classes = [c for c in classes if low <= count_tokens("".join(lines[c.lineno - 1 : c.end_lineno])) <= room - 64]
     if not classes:
         return None
     c = rng.choice(classes)
@@ -158,7 +165,9 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
     if "plain" not in modes:
         modes.insert(0, "plain")
     engine = load_engine(target, draft, dtype=args.dtype)
-    tasks = make_tasks(args.n, args.seed, tuple(s for s in args.scenarios.split(",") if s))
+    tok = engine.target.tokenizer
+    tasks = make_tasks(args.n, args.seed, tuple(s for s in args.scenarios.split(",") if s),
+                       count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)), room=engine.capacity // 2)
     cells = {(s, m): Cell() for s in SCENARIOS for m in modes}
     degenerate_count = {s: 0 for s in SCENARIOS}
     task_count = {s: 0 for s in SCENARIOS}

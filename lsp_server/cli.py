@@ -20,6 +20,12 @@ def _bench_peers(args: argparse.Namespace) -> int:
     return run_bench_peers(args)
 
 
+def _bench_model(args: argparse.Namespace) -> int:
+    from engine.bench_model import run_bench_model
+
+    return run_bench_model(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from lsp_server.server import run_serve
 
@@ -56,7 +62,8 @@ def _train(args: argparse.Namespace) -> int:
     defaults = TrainConfig()
     cfg = TrainConfig(out=args.out or defaults.out, minutes=args.minutes, resume=args.resume, seed=args.seed,
                       threads=args.threads, lr=args.lr or defaults.lr,
-                      draft_lr=args.draft_lr or defaults.draft_lr)
+                      draft_lr=args.draft_lr or defaults.draft_lr, seq=args.seq, batch=args.batch or max(1, 8192 // args.seq),
+                      models=tuple(args.models.split(",")))
     train(cfg)
     return 0
 
@@ -103,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     tr.add_argument("--lr", type=float, help="peak target learning rate of this run's cosine (default 2e-3)")
     tr.add_argument("--draft-lr", type=float, help="peak draft learning rate (default 3e-3)")
+    tr.add_argument("--seq", type=int, default=1024, help="row length in tokens; a longer one extends the context the models are trained at")
+    tr.add_argument("--batch", type=int, help="rows per step (default: 8192 tokens per step)")
+    tr.add_argument("--models", default="target,draft", choices=["target,draft", "target", "draft"],
+                    help="which models this run trains (draft alone: distilled from the fixed target)")
     tr.set_defaults(func=_train)
 
     bench = sub.add_parser("bench", help="benchmarks (each prints the numbers the README quotes)")
@@ -117,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     bp = bench_sub.add_parser("peers", help="llama.cpp (optional extra) vs draftline on the same weights, interleaved")
     add_bench_peers_arguments(bp)
     bp.set_defaults(func=_bench_peers)
+    from engine.bench_model import add_arguments as add_bench_model_arguments
+
+    bm = bench_sub.add_parser("model", help="held-out loss by context position, draft agreement, exact-match completions")
+    add_bench_model_arguments(bm)
+    bm.set_defaults(func=_bench_model)
     from lsp_server.bench_scenarios import add_arguments as add_bench_scenarios_arguments
 
     bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")

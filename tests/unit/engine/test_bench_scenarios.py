@@ -22,6 +22,17 @@ def test_tasks_are_cut_from_held_out_code_with_the_servers_stop_rules():
     assert "V2" in refactor.request.prefix.rsplit("\n", 3)[-2] and refactor.request.limits.max_tokens >= 1000
 
 
+def test_refactor_tasks_fit_the_models_context_when_a_tokenizer_is_given():
+    tasks = make_tasks(3, seed=0, scenarios=("refactor",), count_tokens=len, room=4000)  # characters as tokens
+    assert tasks
+    for t in tasks:
+        header = t.request.prefix.rsplit("\n", 2)[-2]  # the renamed class's first line
+        name = header.split()[1].split("(")[0].rstrip(":")[: -len("V2")]
+        start = t.request.prefix.index(f"class {name}")
+        original = t.request.prefix[start:].split("\n\n# ", 1)[0]
+        assert 800 <= len(original) <= 4000 - 64 + 2, len(original)
+
+
 def test_degenerate_means_a_line_three_times_in_a_row():
     assert degenerate("a = 1\nb\nb\n\nb\n") and not degenerate("a\nb\na\nb\n")
 

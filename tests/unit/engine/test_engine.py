@@ -158,3 +158,14 @@ def test_ast_depth_tracker_follows_growing_code():
     shallow = t.depth("x = 1\n")
     deep = t.depth("x = 1\nclass A:\n    def f(self):\n        return g([1, (2, {3: ")
     assert deep >= shallow + 5
+
+
+def test_a_long_answer_gets_its_room_from_a_shorter_prompt(engine):
+    long_prefix = "".join(f"value_{i} = compute({i}, 'x')\n" for i in range(300))
+    short = engine.complete(CompletionRequest(prefix=long_prefix, uri="room-a", limits=Limits(max_tokens=8)),
+                            threading.Event(), SpecConfig(drafter="none"))
+    long = engine.complete(CompletionRequest(prefix=long_prefix, uri="room-b", limits=Limits(max_tokens=700)),
+                           threading.Event(), SpecConfig(drafter="none"))
+    assert short.stats.prompt_tokens > engine.capacity // 2  # the configured budget when the answer is short
+    assert long.stats.prompt_tokens <= engine.capacity // 2  # room for up to half the context of answer
+    assert long.stop_reason != "context"

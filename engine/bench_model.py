@@ -1,0 +1,129 @@
+"""`draftline bench model`: what the pair knows about held-out code.
+
+Held-out loss of target and draft by position in the context (does the long context help, or was it
+never learned?), draft-vs-target greedy top-1 agreement (a proxy for acceptance), and a few greedy
+single-line completions and FIM infills on held-out files, next to what the file really says.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import threading
+
+BUCKETS = (0, 256, 1024, 2048, 4096, 8192)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="target model directory (default: the bundled target)")
+    p.add_argument("--draft", help="draft model directory (default: the bundled draft)")
+    p.add_argument("--windows", type=int, default=16, help="held-out windows of the full context length")
+    p.add_argument("--tasks", type=int, default=60, help="held-out single-line completions and infills scored by exact match")
+    p.add_argument("--samples", type=int, default=4, help="of each kind, how many to show")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+
+
+def position_losses(model, windows, buckets=BUCKETS) -> dict[str, float]:
+    """Mean next-token loss (nats) of `model` over token windows, per position bucket."""
+    import torch
+
+    sums: dict[str, list[float]] = {}
+    with torch.inference_mode():
+        for w in windows:
+            x = torch.tensor([w[:-1]])
+            logits = model(input_ids=x).logits.float()[0]
+            loss = torch.nn.functional.cross_entropy(logits, torch.tensor(w[1:]), reduction="none")
+            for lo, hi in zip(buckets, buckets[1:]):
+                part = loss[lo:hi]
+                if len(part):
+                    s = sums.setdefault(f"{lo}-{hi}", [0.0, 0])
+                    s[0] += float(part.sum())
+                    s[1] += len(part)
+    return {k: round(v[0] / v[1], 3) for k, v in sums.items()}
+
+
+def agreement(target, draft, windows) -> float:
+    import torch
+
+    same = total = 0
+    with torch.inference_mode():
+        for w in windows:
+            x = torch.tensor([w[:-1]])
+            same += int((target(input_ids=x).logits.argmax(-1) == draft(input_ids=x).logits.argmax(-1)).sum())
+            total += x.shape[1]
+    return round(same / max(1, total), 3)
+
+
+def run_bench_model(args: argparse.Namespace) -> int:
+    from engine.bundled import bundled_pair
+    from engine.corpus import collect, repo_samples
+    from engine.engine import load_engine
+    from engine.types import CompletionRequest, Limits, SpecConfig
+
+    target_dir, draft_dir = args.target, args.draft
+    if target_dir is None:
+        target_dir, draft_dir = bundled_pair() or (None, None)
+    if target_dir is None:
+        print("bench model needs --target (no bundled pair found)", file=sys.stderr)
+        return 2
+    engine = load_engine(target_dir, draft_dir, dtype="float32")
+    target, draft = engine.target, engine.draft
+    context = min(int(getattr(target.model.config, "max_position_embeddings", 1024)), 4096)
+    corpus = collect(libs=("pygls", "watchdog"), max_chars=0)  # the held-out split only
+    stream = target.tokenizer.encode("".join(repo_samples(corpus.held_out, 99)), add_special_tokens=False)
+    rng = random.Random(args.seed)
+    windows = [stream[s : s + context + 1] for s in (rng.randrange(0, len(stream) - context - 1) for _ in range(args.windows))]
+    report: dict = {"target": target_dir, "draft": draft_dir, "context": context, "windows": len(windows),
+                    "held_out_packages": sorted({f.package for f in corpus.held_out}),
+                    "loss_by_position": {"target": position_losses(target.model, windows)}}
+    if draft is not None:
+        report["loss_by_position"]["draft"] = position_losses(draft.model, windows)
+        report["top1_agreement"] = agreement(target.model, draft.model, windows)
+    done = _samples(engine, corpus.held_out, rng, args.tasks, CompletionRequest, Limits, SpecConfig)
+    report["exact_match"] = {k: round(sum(d["exact"] for d in done if d["kind"] == k) / max(1, sum(d["kind"] == k for d in done)), 3)
+                             for k in ("completion", "infill")}
+    report["samples"] = [d for k in ("completion", "infill") for d in [x for x in done if x["kind"] == k][: args.samples]]
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        for name, losses in report["loss_by_position"].items():
+            print(name, " ".join(f"{k}: {v}" for k, v in losses.items()))
+        if "top1_agreement" in report:
+            print("top-1 agreement", report["top1_agreement"])
+        print("exact match", report["exact_match"])
+        for s in report["samples"]:
+            print(f"--- {s['kind']} {s['path']}:{s['line']}\n  context: {s['context']!r}\n  model:   {s['model']!r}\n  real:    {s['real']!r}")
+    return 0
+
+
+def _samples(engine, files, rng, n, CompletionRequest, Limits, SpecConfig) -> list[dict]:
+    """Greedy single-line completions (cut mid-line) and FIM infills (a line removed) on held-out files."""
+    out: list[dict] = []
+    files = [f for f in files if f.text.count("\n") > 40]
+    for i in range(n):
+        f = rng.choice(files)
+        lines = f.text.splitlines(keepends=True)
+        candidates = [j for j, ln in enumerate(lines) if 20 <= len(ln.strip()) <= 80 and not ln.lstrip().startswith(("#", '"', "'"))]
+        j = rng.choice(candidates)
+        start = sum(len(ln) for ln in lines[:j])
+        line = lines[j]
+        indent = len(line) - len(line.lstrip())
+        if i % 2 == 0:  # single-line: the cursor a third of the way into the line
+            cut = start + indent + len(line.strip()) // 3
+            req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line):], path=f.path,
+                                    mode="single-line", limits=Limits(max_tokens=48, max_lines=1))
+            real = line[cut - start :].rstrip("\n")
+            kind = "completion"
+        else:  # infill: the whole line's code is missing, its indentation typed
+            cut = start + indent
+            req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line):], path=f.path,
+                                    mode="single-line", limits=Limits(max_tokens=48, max_lines=1))
+            real = line.strip()
+            kind = "infill"
+        res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
+        out.append({"kind": kind, "path": f.path, "line": j + 1, "context": f.text[max(start, cut - 60):cut],
+                    "model": res.text, "real": real, "exact": res.text.strip() == real.strip()})
+    return out

@@ -1,0 +1,29 @@
+"""`draftline bench model`: held-out loss by position, agreement and exact-match samples."""
+
+from __future__ import annotations
+
+import json
+
+from engine.bench_model import position_losses
+from lsp_server.cli import main
+
+
+def test_position_losses_split_the_window_into_buckets(model_dirs):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dirs["target"]))
+    losses = position_losses(model, [list(range(10, 40)) * 10], buckets=(0, 100, 200, 400))
+    assert set(losses) == {"0-100", "100-200", "200-400"}
+    assert all(v > 0 for v in losses.values())
+
+
+def test_bench_model_reports_losses_agreement_and_samples(model_dirs, capsys):
+    rc = main(["bench", "model", "--target", str(model_dirs["target"]), "--draft", str(model_dirs["draft"]),
+               "--windows", "1", "--tasks", "4", "--samples", "1", "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["loss_by_position"]) == {"target", "draft"}
+    assert 0.0 <= report["top1_agreement"] <= 1.0
+    assert set(report["exact_match"]) == {"completion", "infill"}
+    assert [s["kind"] for s in report["samples"]] == ["completion", "infill"]
+    assert all(s["real"] for s in report["samples"])
