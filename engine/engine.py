@@ -15,7 +15,7 @@ import torch
 from engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from engine.model import CachedLM, LoadedModel, load_model
 from engine.prompt import TEMPLATES, PromptBudget, PromptBuilder, detect_template
-from engine.speculative import AdaptiveGamma, AstAdaptiveGamma, FixedGamma, generate
+from engine.speculative import AdaptiveGamma, AstAdaptiveGamma, FixedGamma, GrowingGamma, generate
 from engine.syntax import DepthTracker
 from engine.types import CompletionRequest, CompletionResult, CompletionStats, SpecConfig
 
@@ -204,6 +204,8 @@ class Engine:
     def _gamma_policy(self, spec: SpecConfig, request: CompletionRequest, window_chars: int):
         if spec.schedule == "fixed":
             return FixedGamma(spec.gamma)
+        if spec.schedule == "grow":
+            return GrowingGamma()
         if spec.schedule == "ast":
             tracker = DepthTracker(request.language)
             window = request.prefix[len(request.prefix) - window_chars:]

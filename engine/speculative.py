@@ -55,6 +55,23 @@ class AdaptiveGamma:
         self._gamma = min(self.hi, max(self.lo, round(self.acceptance() * 10)))
 
 
+class GrowingGamma:
+    """For copying drafters (n-gram): double the draft length while whole proposals are accepted,
+    halve it on a rejection. On a small model a verify forward of 16 tokens costs little more than
+    one of a single token, so a long copy is verified in long strides rather than 8 at a time."""
+
+    def __init__(self, initial: int = 8, lo: int = 2, hi: int = 16):
+        self._gamma, self.lo, self.hi = initial, lo, hi
+
+    def gamma(self, out: list[int]) -> int:
+        return self._gamma
+
+    def update(self, accepted: int, proposed: int) -> None:
+        if proposed == 0:
+            return
+        self._gamma = min(self.hi, self._gamma * 2) if accepted == proposed else max(self.lo, self._gamma // 2)
+
+
 class AstAdaptiveGamma(AdaptiveGamma):
     """Syntax-aware: deep nesting or poor recent acceptance -> 3; high acceptance -> 7; else the seed rule.
 

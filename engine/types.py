@@ -37,7 +37,7 @@ class SpecConfig:
     gamma: int = 5  # initial (and, with schedule="fixed", the only) draft length
     # fixed | adaptive: min(8, max(2, round(acceptance * 10))) over a window |
     # ast: syntax-aware: nesting depth > 5 or acceptance < 0.5 -> 3, acceptance > 0.8 -> 7, else adaptive
-    schedule: Literal["fixed", "adaptive", "ast"] = "adaptive"
+    schedule: Literal["fixed", "adaptive", "ast", "grow"] = "adaptive"
     window: int = 8  # steps in the acceptance window
     min_ngram: int = 2  # hybrid: n-gram match length that beats the draft model
     temperature: float = 0.0

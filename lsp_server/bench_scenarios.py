@@ -25,6 +25,7 @@ MODES = {  # name -> how it drafts and how it picks gamma
     "ast-adaptive": SpecConfig(drafter="draft", schedule="ast"),
     "ngram": SpecConfig(drafter="ngram", schedule="adaptive"),
     "hybrid": SpecConfig(drafter="hybrid", schedule="adaptive"),
+    "ngram-grow": SpecConfig(drafter="ngram", schedule="grow"),  # long strides while a copy holds
 }
 SCENARIOS = ("single-line", "function", "refactor")
 MAX_POSITIONS = 8

@@ -23,7 +23,7 @@ def test_every_mode_gives_the_plain_greedy_text(engine):
     plain = engine.complete(REQ, threading.Event(), SpecConfig(drafter="none"))
     assert plain.stats.generated_tokens > 0
     for drafter in ("ngram", "draft", "hybrid"):
-        for schedule in ("fixed", "adaptive", "ast"):
+        for schedule in ("fixed", "adaptive", "ast", "grow"):
             res = engine.complete(REQ, threading.Event(), SpecConfig(drafter=drafter, schedule=schedule))
             assert res.text == plain.text and res.tokens == plain.tokens, (drafter, schedule)
             assert res.stats.proposed, drafter

@@ -203,3 +203,16 @@ def test_rejection_sampling_preserves_the_target_distribution(one_hot):
     # chi-square, 3 degrees of freedom: 16.27 is the 0.1 % critical value; seeds are fixed
     assert _chi_square(counts, p[0]) < 16.27
     assert _chi_square(counts, torch.tensor([0.25] * 4)) > 100  # and the test can tell a wrong one
+
+
+def test_growing_gamma_doubles_on_full_acceptance_and_halves_on_a_rejection():
+    from engine.speculative import GrowingGamma
+
+    g = GrowingGamma(initial=4, lo=2, hi=16)
+    seen = []
+    for accepted, proposed in ((4, 4), (8, 8), (16, 16), (3, 16), (0, 8), (0, 4), (0, 2)):
+        g.update(accepted, proposed)
+        seen.append(g.gamma([]))
+    assert seen == [8, 16, 16, 8, 4, 2, 2]
+    g.update(0, 0)  # nothing proposed: no evidence either way
+    assert g.gamma([]) == 2
