@@ -83,8 +83,10 @@ def run_bench_model(args: argparse.Namespace) -> int:
         report["loss_by_position"]["draft"] = position_losses(draft.model, windows)
         report["top1_agreement"] = agreement(target.model, draft.model, windows)
     done = _samples(engine, corpus.held_out, rng, args.tasks, CompletionRequest, Limits, SpecConfig)
-    report["exact_match"] = {k: round(sum(d["exact"] for d in done if d["kind"] == k) / max(1, sum(d["kind"] == k for d in done)), 3)
-                             for k in ("completion", "infill")}
+    for metric in ("exact", "first_word"):
+        report[f"{metric}_match" if metric == "exact" else metric] = {
+            k: round(sum(d[metric] for d in done if d["kind"] == k) / max(1, sum(d["kind"] == k for d in done)), 3)
+            for k in ("completion", "infill")}
     report["samples"] = [d for k in ("completion", "infill") for d in [x for x in done if x["kind"] == k][: args.samples]]
     if args.json:
         print(json.dumps(report, indent=2))
@@ -93,10 +95,18 @@ def run_bench_model(args: argparse.Namespace) -> int:
             print(name, " ".join(f"{k}: {v}" for k, v in losses.items()))
         if "top1_agreement" in report:
             print("top-1 agreement", report["top1_agreement"])
-        print("exact match", report["exact_match"])
+        print("exact match", report["exact_match"], "first word", report["first_word"])
         for s in report["samples"]:
             print(f"--- {s['kind']} {s['path']}:{s['line']}\n  context: {s['context']!r}\n  model:   {s['model']!r}\n  real:    {s['real']!r}")
     return 0
+
+
+def _first_word(text: str) -> str:
+    """The first identifier or punctuation run: did the suggestion at least start right?"""
+    import re
+
+    m = re.match(r"\s*(\w+|[^\w\s]+)", text)
+    return m.group(1) if m else ""
 
 
 def _samples(engine, files, rng, n, CompletionRequest, Limits, SpecConfig) -> list[dict]:
@@ -113,17 +123,18 @@ def _samples(engine, files, rng, n, CompletionRequest, Limits, SpecConfig) -> li
         indent = len(line) - len(line.lstrip())
         if i % 2 == 0:  # single-line: the cursor a third of the way into the line
             cut = start + indent + len(line.strip()) // 3
-            req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line):], path=f.path,
+            req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line.rstrip("\n")):], path=f.path,
                                     mode="single-line", limits=Limits(max_tokens=48, max_lines=1))
             real = line[cut - start :].rstrip("\n")
             kind = "completion"
-        else:  # infill: the whole line's code is missing, its indentation typed
+        else:  # infill: the line's code is missing, its indentation typed, the cursor before its newline
             cut = start + indent
-            req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line):], path=f.path,
+            req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line.rstrip("\n")):], path=f.path,
                                     mode="single-line", limits=Limits(max_tokens=48, max_lines=1))
             real = line.strip()
             kind = "infill"
         res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
         out.append({"kind": kind, "path": f.path, "line": j + 1, "context": f.text[max(start, cut - 60):cut],
-                    "model": res.text, "real": real, "exact": res.text.strip() == real.strip()})
+                    "model": res.text, "real": real, "exact": res.text.strip() == real.strip(),
+                    "first_word": _first_word(res.text) == _first_word(real) != ""})
     return out

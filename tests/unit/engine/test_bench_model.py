@@ -24,6 +24,6 @@ def test_bench_model_reports_losses_agreement_and_samples(model_dirs, capsys):
     report = json.loads(capsys.readouterr().out)
     assert set(report["loss_by_position"]) == {"target", "draft"}
     assert 0.0 <= report["top1_agreement"] <= 1.0
-    assert set(report["exact_match"]) == {"completion", "infill"}
+    assert set(report["exact_match"]) == set(report["first_word"]) == {"completion", "infill"}
     assert [s["kind"] for s in report["samples"]] == ["completion", "infill"]
     assert all(s["real"] for s in report["samples"])
