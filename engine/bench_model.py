@@ -13,6 +13,8 @@ import random
 import sys
 import threading
 
+from engine.types import CompletionRequest, Limits, SpecConfig
+
 BUCKETS = (0, 256, 1024, 2048, 4096, 8192)
 
 
@@ -61,7 +63,6 @@ def run_bench_model(args: argparse.Namespace) -> int:
     from engine.bundled import bundled_pair
     from engine.corpus import collect, repo_samples
     from engine.engine import load_engine
-    from engine.types import CompletionRequest, Limits, SpecConfig
 
     target_dir, draft_dir = args.target, args.draft
     if target_dir is None:
@@ -82,7 +83,7 @@ def run_bench_model(args: argparse.Namespace) -> int:
     if draft is not None:
         report["loss_by_position"]["draft"] = position_losses(draft.model, windows)
         report["top1_agreement"] = agreement(target.model, draft.model, windows)
-    done = _samples(engine, corpus.held_out, rng, args.tasks, CompletionRequest, Limits, SpecConfig)
+    done = _samples(engine, corpus.held_out, rng, args.tasks)
     for metric in ("exact", "first_word"):
         report[f"{metric}_match" if metric == "exact" else metric] = {
             k: round(sum(d[metric] for d in done if d["kind"] == k) / max(1, sum(d["kind"] == k for d in done)), 3)
@@ -109,7 +110,7 @@ def _first_word(text: str) -> str:
     return m.group(1) if m else ""
 
 
-def _samples(engine, files, rng, n, CompletionRequest, Limits, SpecConfig) -> list[dict]:
+def _samples(engine, files, rng, n: int) -> list[dict]:
     """Greedy single-line completions (cut mid-line) and FIM infills (a line removed) on held-out files."""
     out: list[dict] = []
     files = [f for f in files if f.text.count("\n") > 40]
@@ -121,18 +122,12 @@ def _samples(engine, files, rng, n, CompletionRequest, Limits, SpecConfig) -> li
         start = sum(len(ln) for ln in lines[:j])
         line = lines[j]
         indent = len(line) - len(line.lstrip())
-        if i % 2 == 0:  # single-line: the cursor a third of the way into the line
-            cut = start + indent + len(line.strip()) // 3
-            req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line.rstrip("\n")):], path=f.path,
-                                    mode="single-line", limits=Limits(max_tokens=48, max_lines=1))
-            real = line[cut - start :].rstrip("\n")
-            kind = "completion"
-        else:  # infill: the line's code is missing, its indentation typed, the cursor before its newline
-            cut = start + indent
-            req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line.rstrip("\n")):], path=f.path,
-                                    mode="single-line", limits=Limits(max_tokens=48, max_lines=1))
-            real = line.strip()
-            kind = "infill"
+        # completion: the cursor a third of the way into the line; infill: only its indentation typed
+        kind = "completion" if i % 2 == 0 else "infill"
+        cut = start + indent + (len(line.strip()) // 3 if kind == "completion" else 0)
+        req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line.rstrip("\n")):], path=f.path,
+                                mode="single-line", limits=Limits(max_tokens=48, max_lines=1))  # the rest of the line is gone
+        real = line[cut - start :].rstrip()
         res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
         out.append({"kind": kind, "path": f.path, "line": j + 1, "context": f.text[max(start, cut - 60):cut],
                     "model": res.text, "real": real, "exact": res.text.strip() == real.strip(),

@@ -172,9 +172,7 @@ class Engine:
         # a long answer (a multi-line or refactor request) gets its room by shortening the prompt, up to half the context
         room_wanted = min(limits.max_tokens, self.capacity // 2)
         prompt = self.prompts.build(request, total=max(256, self.capacity - room_wanted))
-        room = self.target_lm.capacity - len(prompt.tokens)
-        if self.draft_lm:
-            room = min(room, self.draft_lm.capacity - len(prompt.tokens))
+        room = self.capacity - len(prompt.tokens)
         if room <= 1:
             log.warning("prompt of %d tokens leaves no room in the model's context", len(prompt.tokens))
             return CompletionResult("", stop_reason="context", stats=stats)
