@@ -138,7 +138,7 @@ def fim_text(path: str, text: str, rng: random.Random) -> str:
     if rng.random() >= FIM_RATE or len(text) < 50:
         return head + text + END
     # the hole: often a line remainder or a few lines, sometimes a larger span
-    a = rng.randrange(0, len(text) - 1)
+    a = _hole_start(text, rng.randrange(0, len(text) - 1))
     span = rng.choice((rng.randint(1, 80), rng.randint(20, 400), rng.randint(50, 1500)))
     b = min(len(text), a + span)
     nl = text.find("\n", b)
@@ -178,6 +178,22 @@ def _line_start(text: str, i: int) -> int:
     return text.rfind("\n", 0, i) + 1
 
 
+def _hole_start(text: str, a: int) -> int:
+    """Move a hole that starts inside a line's indentation to the indentation's end.
+
+    An editor's cursor sits after the indentation it (or the user) typed, never between two of
+    its spaces, so a middle that begins with the rest of an indent teaches the model to answer a
+    typed indent with more spaces. A hole at the very start of a line keeps its indentation.
+    """
+    line = _line_start(text, a)
+    if a == line:
+        return a
+    end = line
+    while end < len(text) and text[end] in " \t":
+        end += 1
+    return end if a < end else a
+
+
 def window_samples(files: list[SourceFile], seed: int, min_chars: int = 800, max_chars: int = 3000,
                    context_rate: float = 0.3, context_chars: int = 600) -> list[str]:
     """Samples that each fit one training window whole, covering every file about once.
@@ -214,7 +230,7 @@ def window_samples(files: list[SourceFile], seed: int, min_chars: int = 800, max
                 continue
             if pos >= len(text) - 2:
                 break  # nothing left to cut a hole in
-            a = rng.randrange(pos, min(len(text) - 1, pos + budget))
+            a = _hole_start(text, rng.randrange(pos, min(len(text) - 1, pos + budget)))
             span = rng.choice((rng.randint(1, 80), rng.randint(20, 300), rng.randint(50, budget // 3)))
             b = min(len(text), a + span)
             nl = text.find("\n", b)

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from engine.corpus import (END, MID, PRE, SEP, SUF, SourceFile, _looks_generated, collect, fim_text, is_permissive,
+from engine.corpus import (END, MID, PRE, SEP, SUF, SourceFile, _hole_start, _looks_generated, collect, fim_text,
+                           is_permissive,
                            repo_samples, window_samples)
 
 
@@ -73,6 +74,9 @@ def test_window_samples_fit_a_window_whole_and_fim_ones_put_back_a_real_hole():
             prefix, rest = body[len(PRE):].split(SUF)
             suffix, middle = rest.split(MID)
         assert middle and (prefix + middle + suffix) in full
+        # a hole never starts between two spaces of an indent (an editor's cursor sits after it)
+        line = prefix.rsplit("\n", 1)[-1]
+        assert not (line and not line.strip() and middle[0] in " \t"), (prefix[-20:], middle[:20])
     plain = [s for s in samples if MID not in s]
     assert sum(s.endswith(END) for s in plain) <= 2  # the end token only where a file really ends
 
@@ -89,3 +93,12 @@ def test_packed_rows_keep_samples_whole(tokenizer_dir):
     assert rows.shape[1] == 64
     for row in rows.tolist():  # every middle in a row is followed by its end token in the same row
         assert row.count(mid) == row.count(end) >= 1
+
+
+def test_hole_start_moves_out_of_an_indent_only():
+    text = "def f():\n        return 1\n"
+    indent_end = text.index("return")
+    for a in range(text.index("\n") + 2, indent_end):  # strictly inside the indentation
+        assert _hole_start(text, a) == indent_end
+    assert _hole_start(text, text.index("\n") + 1) == text.index("\n") + 1  # a line start keeps its indent
+    assert _hole_start(text, indent_end + 3) == indent_end + 3  # mid-word stays mid-word
