@@ -178,9 +178,7 @@ def run_bench_engine(args: argparse.Namespace) -> int:
         rotation = (rotation + 1) % len(modes)
         results = {}
         for mode in order:
-            engine.target_lm.reset()  # every mode pays its own prefill
-            if engine.draft_lm:
-                engine.draft_lm.reset()
+            engine.forget()  # every mode pays its own prefill and copies no other mode's output
             if mode.startswith("hf-"):
                 prompt_tokens = engine.prompts.build(request).tokens
                 tokens, elapsed = _hf_generate(engine, prompt_tokens, args.max_new, mode)

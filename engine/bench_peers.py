@@ -225,10 +225,7 @@ def run_bench_peers(args: argparse.Namespace) -> int:
             else:
                 runtime, _, mode = n.partition("-")
                 eng = engines[runtime]
-                eng.target_lm.reset()  # cold prefill for every engine
-                if eng.draft_lm:
-                    eng.draft_lm.reset()
-                eng.history.clear()  # no copying from the other engines' completions of this prompt
+                eng.forget()  # cold prefill for every engine, no copying from the others' completions of this prompt
                 t0 = time.perf_counter()
                 eng.prompts.build(request)
                 build_s = time.perf_counter() - t0

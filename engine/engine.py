@@ -94,26 +94,30 @@ def _scope_end(text: str, min_indent: int) -> int:
 
 
 _LOOP_IN_LINE = re.compile(r"(\S.{1,39}?)\1{3,}\Z")  # a 2-40 character unit, four or more times at the end
-REPEATED_LINES = 3  # the same line this many times in a row is a loop
+REPEATED_LINES = 3  # the same line (or block of lines) this many times in a row is a loop
+MAX_LOOP_LINES = 8  # longest block of lines checked for repetition
 
 
 def _repetition_end(text: str) -> int:
     """Where a degenerate loop starts, keeping its first occurrence; -1 if the text is not looping.
 
-    Two shapes (Tabby's post-processing drops the same ones): one non-blank line written
-    REPEATED_LINES times in a row, and a unit of 2-40 characters with a letter in it repeated four
-    times at the end of the line being written (`self.x, self.x, self.x, self.x, `). Real code
-    rarely does either; a small model does it until the token limit.
+    Two shapes (Tabby's post-processing drops the same ones): a block of 1 to MAX_LOOP_LINES
+    complete lines, with a letter or digit in it, written REPEATED_LINES times in a row
+    (`if x:\n    return\n` three times over), and a unit of 2-40 characters with a letter in it
+    repeated four times at the end of the line being written (`self.x, self.x, self.x, self.x, `).
+    Real code rarely does either; a small model does it until the token limit.
     """
     lines = text.split("\n")
     done = lines[:-1]  # complete lines only: the last may still grow
-    if len(done) >= REPEATED_LINES:
-        last = done[-1]
-        if last.strip() and any(c.isalnum() for c in last) and all(l == last for l in done[-REPEATED_LINES:]):
-            run = REPEATED_LINES
-            while run < len(done) and done[-run - 1] == last:
-                run += 1
-            return len("\n".join(done[: len(done) - run + 1]))  # up to the end of its first occurrence
+    for period in range(1, min(MAX_LOOP_LINES, len(done) // REPEATED_LINES) + 1):
+        block = done[-period:]
+        if not any(c.isalnum() for line in block for c in line):
+            continue  # blank lines or closing brackets are not a loop
+        if all(done[-(k + 1) * period : len(done) - k * period] == block for k in range(1, REPEATED_LINES)):
+            copies = REPEATED_LINES
+            while (copies + 1) * period <= len(done) and done[-(copies + 1) * period : -copies * period] == block:
+                copies += 1
+            return len("\n".join(done[: len(done) - (copies - 1) * period]))  # up to the end of its first occurrence
     tail = lines[-1][-200:]
     m = _LOOP_IN_LINE.search(tail)
     if m and any(c.isalpha() for c in m.group(1)):
@@ -146,6 +150,15 @@ class Engine:
         self.hybrid = HybridDrafter(self.ngram, self.model_drafter, config.spec.min_ngram) if self.model_drafter else None
         self.history: deque[list[int]] = deque(maxlen=config.remember_completions)
         self.generator = torch.Generator().manual_seed(config.spec.seed)
+
+    def forget(self) -> None:
+        """Drop everything a later request could reuse: both models' KV and the remembered
+        completions the n-gram drafter copies from. Benchmarks call it between modes, so that no
+        mode copies another's output of the same prompt or skips its prefill."""
+        self.target_lm.reset()
+        if self.draft_lm is not None:
+            self.draft_lm.reset()
+        self.history.clear()
 
     @property
     def template(self):

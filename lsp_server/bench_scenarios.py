@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import logging
 import random
@@ -15,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.types import CompletionRequest, Limits, SpecConfig
+from lsp_server.config import CompletionConfig
+from lsp_server.documents import prefix_window, suffix_window
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +31,8 @@ MODES = {  # name -> how it drafts and how it picks gamma
     "ngram-grow": SpecConfig(drafter="ngram", schedule="grow"),  # long strides while a copy holds
 }
 SCENARIOS = ("single-line", "function", "refactor")
+CACHES = ("warm", "cold")
+SERVER = CompletionConfig()  # the server's defaults: windows and token limit of a completion request
 MAX_POSITIONS = 8
 
 
@@ -39,6 +44,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default=",".join(MODES))
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default="warm,cold",
+                   help="warm: the previous keystroke's prompt is in both models' KV, as while typing (the headline); "
+                        "cold: every mode prefills the whole prompt, as for the first request in a file")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots and table.md here")
 
@@ -97,8 +105,8 @@ def _cut(scenario: str, path: str, text: str, rng: random.Random, count_tokens=N
         i = rng.choice(candidates)
         indent = len(lines[i]) - len(lines[i].lstrip())
         cut = offsets[i] + indent + rng.randint(0, max(0, (len(lines[i].strip()) // 3)))
-        req = CompletionRequest(prefix=text[:cut], suffix=text[cut:], path=path, uri=f"bench:{path}:{i}",
-                                mode="single-line", limits=Limits(max_tokens=48, max_lines=1))
+        req = CompletionRequest(prefix=_before(text[:cut]), suffix=_after(text[cut:]), path=path, uri=f"bench:{path}:{i}",
+                                mode="single-line", limits=Limits(max_tokens=SERVER.max_tokens, max_lines=1))
         return Task(scenario, path, req)
     if scenario == "function":
         for f in rng.sample(funcs, len(funcs)):
@@ -109,7 +117,7 @@ def _cut(scenario: str, path: str, text: str, rng: random.Random, count_tokens=N
                 continue
             cut = offsets[body[0].end_lineno]  # right after the docstring
             indent = len(lines[body[1].lineno - 1]) - len(lines[body[1].lineno - 1].lstrip())
-            req = CompletionRequest(prefix=text[:cut], suffix=text[offsets[f.end_lineno]:], path=path,
+            req = CompletionRequest(prefix=_before(text[:cut]), suffix=_after(text[offsets[f.end_lineno]:]), path=path,
                                     uri=f"bench:{path}:{f.lineno}", mode="multi-line",
                                     limits=Limits(max_tokens=400, min_indent=indent))
             return Task(scenario, path, req)
@@ -131,11 +139,28 @@ def _cut(scenario: str, path: str, text: str, rng: random.Random, count_tokens=N
     return Task(scenario, path, req)
 
 
+def _before(text: str) -> str:
+    """The text before the cursor as the server sends it: its window of SERVER.prefix_chars."""
+    return prefix_window(text, SERVER.prefix_chars, SERVER.window_quantum)
+
+
+def _after(text: str) -> str:
+    return suffix_window(text, SERVER.suffix_chars)
+
+
+def previous_keystroke(request: CompletionRequest) -> CompletionRequest:
+    """The request one typed character earlier (what the KV cache holds while the user types)."""
+    return dataclasses.replace(request, prefix=request.prefix[:-1])
+
+
 def degenerate(text: str) -> bool:
-    """The same non-blank line three times in a row: small models loop, and n-gram drafting then
-    looks miraculous; that is not a speedup a user gets."""
+    """A line, or a block of up to 8 lines, three times in a row anywhere, blank lines and
+    indentation ignored (the engine's loop rule, looser): small models loop, and n-gram drafting
+    then looks miraculous; that is not a speedup a user gets."""
+    from engine.engine import _repetition_end
+
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return any(lines[i] == lines[i + 1] == lines[i + 2] for i in range(len(lines) - 2))
+    return any(_repetition_end("\n".join(lines[:end]) + "\n") >= 0 for end in range(3, len(lines) + 1))
 
 
 @dataclass
@@ -150,6 +175,8 @@ class Cell:
     steps: int = 0
     by_position: list[list[int]] = field(default_factory=lambda: [[0, 0] for _ in range(MAX_POSITIONS)])
     identical: bool = True
+    prompt_tokens: int = 0
+    recomputed: int = 0  # prompt tokens run through the target (the rest came from its KV cache)
 
 
 def run_bench_scenarios(args: argparse.Namespace) -> int:
@@ -169,29 +196,39 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
     tok = engine.target.tokenizer
     tasks = make_tasks(args.n, args.seed, tuple(s for s in args.scenarios.split(",") if s),
                        count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)), room=engine.capacity // 2)
-    cells = {(s, m): Cell() for s in SCENARIOS for m in modes}
+    caches = [c for c in CACHES if c in args.cache.split(",")] or ["warm"]
+    cells = {(s, m, c): Cell() for s in SCENARIOS for m in modes for c in caches}
     degenerate_count = {s: 0 for s in SCENARIOS}
     task_count = {s: 0 for s in SCENARIOS}
+    prompt_work = {(s, c): [] for s in SCENARIOS for c in caches}  # (prompt tokens, recomputed) per task
     for i, task in enumerate(tasks):
         order = modes[i % len(modes):] + modes[: i % len(modes)]  # interleave against drift
         runs = {}
-        for mode in order:
-            engine.target_lm.reset()
-            engine.draft_lm.reset()
-            started = time.perf_counter()
-            res = engine.complete(task.request, threading.Event(), MODES[mode])
-            runs[mode] = (res, time.perf_counter() - started)
+        for cache in caches:
+            for mode in order:
+                engine.forget()  # no mode reuses another's KV or copies its output of this task
+                if cache == "warm":  # the previous keystroke ran in this mode: its prompt is in both caches
+                    engine.complete(previous_keystroke(task.request), threading.Event(), MODES[mode])
+                    engine.history.clear()  # but its suggestion is not there to copy from
+                started = time.perf_counter()
+                res = engine.complete(task.request, threading.Event(), MODES[mode])
+                runs[(mode, cache)] = (res, time.perf_counter() - started)
         task_count[task.scenario] += 1
-        plain = runs["plain"][0]
+        for cache in caches:  # what each cache state costs in prompt work, over every task
+            stats = runs[("plain", cache)][0].stats
+            prompt_work[(task.scenario, cache)].append((stats.prompt_tokens, stats.prompt_tokens - stats.reused_tokens))
+        plain = runs[("plain", caches[0])][0]
         if plain.stop_reason == "repeat" or degenerate(plain.text):  # the engine cut a loop, or one got through
             degenerate_count[task.scenario] += 1
             continue  # shown separately, kept out of the headline numbers
-        for mode, (res, elapsed) in runs.items():
-            cell = cells[(task.scenario, mode)]
+        for (mode, cache), (res, elapsed) in runs.items():
+            cell = cells[(task.scenario, mode, cache)]
             cell.seconds.append(elapsed)
             cell.prefill.append(res.stats.prefill_s)
             cell.tokens += len(res.tokens)
             cell.identical &= res.tokens == plain.tokens
+            cell.prompt_tokens += res.stats.prompt_tokens
+            cell.recomputed += res.stats.prompt_tokens - res.stats.reused_tokens
             cell.proposed += sum(res.stats.proposed)
             cell.accepted += sum(res.stats.accepted)
             cell.steps += len(res.stats.proposed)
@@ -200,10 +237,12 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
                     cell.by_position[pos][1] += 1
                     cell.by_position[pos][0] += pos < a
         log.info("task %d/%d (%s) done", i + 1, len(tasks), task.scenario)
-    report = _report(cells, modes, task_count, degenerate_count, engine, target, draft)
+    report = _report(cells, modes, caches, task_count, degenerate_count, prompt_work, engine, target, draft)
+    lengths = [p for work in prompt_work.values() for p, _ in work]
+    report["costs"] = measure_costs(engine, int(statistics.median(lengths)) if lengths else 512)
     if args.plot:
         _plots(report, Path(args.plot))
-    print(json.dumps(report, indent=2) if args.json else markdown_table(report))
+    print(json.dumps(report, indent=2) if args.json else markdown_table(report) + "\n\n" + costs_table(report["costs"]))
     return 0
 
 
@@ -212,52 +251,109 @@ def _pct(data: list[float], q: float) -> float:
     return 1000 * data[min(len(data) - 1, int(q * len(data)))] if data else 0.0
 
 
-def _report(cells, modes, task_count, degenerate_count, engine, target, draft) -> dict:
+def measure_costs(engine, context: int, ks=(1, 2, 4, 8, 16), reps: int = 15) -> dict:
+    """What one step costs at `context` tokens: target forwards of k tokens (a plain step is k=1,
+    verifying a proposal of k-1 is k) and a draft forward of one token; medians of `reps`."""
+    context = max(1, min(context, engine.capacity - max(ks) - 1))
+    ids = [(7 + 31 * i) % engine.target.vocab_size for i in range(context)]  # the content does not change the cost
+
+    def median_ms(lm, k: int) -> float:
+        lm.reset()
+        lm.prefill(ids)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            lm.forward(ids[:k], keep_logits=None)
+            times.append(time.perf_counter() - t0)
+            lm.truncate(context)
+        return 1000 * statistics.median(times)
+
+    target = {k: median_ms(engine.target_lm, k) for k in ks}
+    out = {"context": context, "target_forward_ms": target,
+           "verify_cost": {k: target[k] / target[1] for k in ks}}  # a k-token verify, in plain steps
+    if engine.draft_lm is not None:
+        draft = median_ms(engine.draft_lm, 1)
+        out.update(draft_forward_ms=draft, draft_cost_ratio=draft / target[1])
+    engine.forget()
+    return out
+
+
+def costs_table(costs: dict) -> str:
+    ks = list(costs["target_forward_ms"])
+    head = "| at {} prompt tokens | ".format(costs["context"]) + " | ".join(f"k={k}" for k in ks) + " |"
+    rows = [head, "|---|" + "---|" * len(ks),
+            "| target forward of k tokens | " + " | ".join(f"{costs['target_forward_ms'][k]:.2f} ms" for k in ks) + " |",
+            "| in plain steps (verify cost) | " + " | ".join(f"{costs['verify_cost'][k]:.2f}" for k in ks) + " |"]
+    if "draft_forward_ms" in costs:
+        rows.append(f"\ndraft forward of one token: {costs['draft_forward_ms']:.2f} ms = "
+                    f"{costs['draft_cost_ratio']:.2f} of a plain target step")
+    return "\n".join(rows)
+
+
+def _modes_report(cells, s: str, modes, cache: str) -> dict:
+    plain = cells[(s, "plain", cache)]
+    plain_s = sum(plain.seconds)
+    plain_decode = plain_s - sum(plain.prefill)
+    out = {}
+    for m in modes:
+        c = cells[(s, m, cache)]
+        total = sum(c.seconds)
+        out[m] = {
+            "tasks": len(c.seconds),
+            "p50_ms": 1000 * statistics.median(c.seconds) if c.seconds else 0.0,
+            "p99_ms": _pct(c.seconds, 0.99),
+            "tokens_per_s": c.tokens / total if total else 0.0,
+            "acceptance": c.accepted / c.proposed if c.proposed else None,
+            "accepted_per_step": (c.accepted + c.steps) / c.steps if c.steps else None,
+            "speedup": plain_s / total if total else 0.0,
+            # the target's prefill is the same in every mode; this is the part speculation changes
+            "decode_speedup": plain_decode / (total - sum(c.prefill)) if total > sum(c.prefill) else 0.0,
+            "prefill_ms": 1000 * statistics.mean(c.prefill) if c.prefill else 0.0,
+            "prompt_tokens_mean": c.prompt_tokens / len(c.seconds) if c.seconds else 0.0,
+            "recomputed_prompt_tokens_mean": c.recomputed / len(c.seconds) if c.seconds else 0.0,
+            "tokens_mean": c.tokens / len(c.seconds) if c.seconds else 0.0,
+            "identical": c.identical,
+            "acceptance_by_position": [a / n if n else None for a, n in c.by_position],
+        }
+    return out
+
+
+def _report(cells, modes, caches, task_count, degenerate_count, prompt_work, engine, target, draft) -> dict:
     scenarios = {}
     for s in SCENARIOS:
         if not task_count[s]:
             continue
-        plain_s = sum(cells[(s, "plain")].seconds)
-        plain_decode = plain_s - sum(cells[(s, "plain")].prefill)
-        out = {}
-        for m in modes:
-            c = cells[(s, m)]
-            total = sum(c.seconds)
-            out[m] = {
-                "tasks": len(c.seconds),
-                "p50_ms": 1000 * statistics.median(c.seconds) if c.seconds else 0.0,
-                "p99_ms": _pct(c.seconds, 0.99),
-                "tokens_per_s": c.tokens / total if total else 0.0,
-                "acceptance": c.accepted / c.proposed if c.proposed else None,
-                "accepted_per_step": (c.accepted + c.steps) / c.steps if c.steps else None,
-                "speedup": plain_s / total if total else 0.0,
-                # the same prefill runs in every mode; this is the part speculation changes
-                "decode_speedup": plain_decode / (total - sum(c.prefill)) if total > sum(c.prefill) else 0.0,
-                "prefill_ms": 1000 * statistics.mean(c.prefill) if c.prefill else 0.0,
-                "tokens_mean": c.tokens / len(c.seconds) if c.seconds else 0.0,
-                "identical": c.identical,
-                "acceptance_by_position": [a / n if n else None for a, n in c.by_position],
-            }
-        scenarios[s] = {"tasks": task_count[s], "degenerate": degenerate_count[s], "modes": out}
-    return {"device": str(engine.target.device), "target": target, "draft": draft, "scenarios": scenarios}
+        by_cache = {c: _modes_report(cells, s, modes, c) for c in caches}
+        prompts = {c: {"tokens_mean": statistics.mean(p for p, _ in prompt_work[(s, c)]),
+                       "recomputed_mean": statistics.mean(r for _, r in prompt_work[(s, c)])} for c in caches}
+        scenarios[s] = {"tasks": task_count[s], "degenerate": degenerate_count[s], "cache": caches[0],
+                        "prompt": prompts, "modes": by_cache[caches[0]], "by_cache": by_cache}
+    return {"device": str(engine.target.device), "target": target, "draft": draft, "headline_cache": caches[0],
+            "scenarios": scenarios}
 
 
 def markdown_table(report: dict) -> str:
-    rows = ["| task | tokens | plain | speculative (fixed-g5) | best mode | best | speedup | decode speedup | acceptance "
-            "| identical | degenerate |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = report.get("headline_cache", "cold")
+    rows = [f"| task | tokens | plain | speculative (fixed-g5) | best mode | best | speedup ({head}) | speedup (cold) "
+            "| decode speedup | acceptance | identical | degenerate |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s, data in report["scenarios"].items():
         modes = data["modes"]
         best = max((m for m in modes if m != "plain"), key=lambda m: modes[m]["speedup"], default="plain")
         b = modes[best]
+        cold = data.get("by_cache", {}).get("cold", {}).get(best)
         acc = "-" if b["acceptance"] is None else f"{100 * b['acceptance']:.1f} %"
         fixed = modes.get("fixed-g5", {}).get("p50_ms", 0.0)
+        identical = all(m["identical"] for c in data.get("by_cache", {"": modes}).values() for m in c.values())
         rows.append(f"| {s} | {modes['plain']['tokens_mean']:.0f} | {modes['plain']['p50_ms']:.0f} ms | {fixed:.0f} ms | "
-                    f"{best} | {b['p50_ms']:.0f} ms | {b['speedup']:.2f}x | {b['decode_speedup']:.2f}x | {acc} | "
-                    f"{all(m['identical'] for m in modes.values())} | {data['degenerate']}/{data['tasks']} |")
-    return "\n".join(rows) + ("\n\n(tokens: mean generated by plain greedy under the server's stop rules; latencies are p50 "
-                              "over non-degenerate tasks with a cold prefill in every mode; speedup = total plain time / "
-                              "total mode time; decode speedup leaves out the prefill, which is the same in every mode)")
+                    f"{best} | {b['p50_ms']:.0f} ms | {b['speedup']:.2f}x | "
+                    f"{'-' if cold is None else format(cold['speedup'], '.2f') + 'x'} | {b['decode_speedup']:.2f}x | {acc} | "
+                    f"{identical} | {data['degenerate']}/{data['tasks']} |")
+    return "\n".join(rows) + (
+        "\n\n(tokens: mean generated by plain greedy under the server's stop rules; latencies are p50 over "
+        f"non-degenerate tasks, {head} cache (warm: the previous keystroke's prompt is in both models' KV, as "
+        "while typing; cold: every mode prefills the whole prompt); speedup = total plain time / total mode time, "
+        "the best mode chosen by the headline speedup; decode speedup leaves out the target's prefill)")
 
 
 def _plots(report: dict, out: Path) -> None:
@@ -275,7 +371,8 @@ def _plots(report: dict, out: Path) -> None:
             if any(y is not None for y in ys):
                 ax.plot(range(1, len(ys) + 1), [float("nan") if y is None else y for y in ys], marker="o", label=m)
         ax.set(title=s, xlabel="draft position", ylabel="acceptance", ylim=(0, 1))
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "acceptance_by_position.png", dpi=110)
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -286,8 +383,8 @@ def _plots(report: dict, out: Path) -> None:
                width, label=m)
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(scen))], scen)
     ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set(ylabel="speedup vs plain greedy")
+    ax.set(ylabel=f"speedup vs plain greedy ({report.get('headline_cache', 'cold')} cache)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "speedup.png", dpi=110)
-    (out / "table.md").write_text(markdown_table(report) + "\n")
+    (out / "table.md").write_text(markdown_table(report) + "\n\n" + costs_table(report["costs"]) + "\n")

@@ -33,8 +33,20 @@ def test_refactor_tasks_fit_the_models_context_when_a_tokenizer_is_given():
         assert 800 <= len(original) <= 4000 - 64 + 2, len(original)
 
 
-def test_degenerate_means_a_line_three_times_in_a_row():
+def test_previous_keystroke_is_one_character_less_and_windows_are_the_servers():
+    from lsp_server.bench_scenarios import SERVER, previous_keystroke
+
+    tasks = make_tasks(3, seed=1, scenarios=("single-line", "function"))
+    for t in tasks:
+        assert len(t.request.prefix) <= SERVER.prefix_chars and len(t.request.suffix) <= SERVER.suffix_chars
+        prev = previous_keystroke(t.request)
+        assert prev.prefix == t.request.prefix[:-1] and prev.suffix == t.request.suffix and prev.uri == t.request.uri
+
+
+def test_degenerate_means_a_line_or_block_three_times_in_a_row():
     assert degenerate("a = 1\nb\nb\n\nb\n") and not degenerate("a\nb\na\nb\n")
+    assert degenerate("x = 0\nif a:\n    return\n\nif a:\n    return\nif a:\n    return\n")  # blanks ignored
+    assert not degenerate("if a:\n    return 1\nif b:\n    return 2\nif c:\n    return 3\n")
 
 
 def test_bench_scenarios_json_plots_and_table(model_dirs, tmp_path, capsys):
@@ -43,12 +55,22 @@ def test_bench_scenarios_json_plots_and_table(model_dirs, tmp_path, capsys):
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert set(report["scenarios"]) == {"single-line", "function"}
+    assert report["headline_cache"] == "warm"
     for name, data in report["scenarios"].items():
         assert set(data["modes"]) == set(MODES), name
-        for mode, cell in data["modes"].items():
-            assert {"p50_ms", "speedup", "acceptance", "identical"} <= cell.keys()
-            assert cell["identical"] is True, (name, mode)
+        assert data["modes"] == data["by_cache"]["warm"] and set(data["by_cache"]) == {"warm", "cold"}
+        for cache, modes in data["by_cache"].items():
+            for mode, cell in modes.items():
+                assert {"p50_ms", "speedup", "acceptance", "identical"} <= cell.keys()
+                assert cell["identical"] is True, (name, mode, cache)
+        warm, cold = data["prompt"]["warm"], data["prompt"]["cold"]  # over every task, degenerate or not
+        assert cold["recomputed_mean"] == cold["tokens_mean"] > 0
+        assert warm["recomputed_mean"] < warm["tokens_mean"] / 4  # warm: only what the keystroke changed
+    costs = report["costs"]
+    assert costs["context"] > 0 and set(costs["verify_cost"]) == {"1", "2", "4", "8", "16"}  # JSON keys
+    assert costs["verify_cost"]["1"] == 1.0 and costs["draft_forward_ms"] > 0 and costs["draft_cost_ratio"] > 0
     for png in ("acceptance_by_position.png", "speedup.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "table.md").read_text().startswith("| task |")
+    assert "verify cost" in (tmp_path / "table.md").read_text()
     assert markdown_table(report).count("\n| ") == 2

@@ -36,6 +36,19 @@ def test_second_call_reuses_the_prompt_kv(engine):
     assert res.stats.reused_tokens >= res.stats.prompt_tokens - 6
 
 
+def test_forget_leaves_nothing_a_later_request_could_reuse(engine):
+    ngram = SpecConfig(drafter="ngram")
+    engine.forget()
+    first = engine.complete(REQ, threading.Event(), ngram)
+    again = engine.complete(REQ, threading.Event(), ngram)
+    assert again.stats.reused_tokens > 0 and list(engine.history)[-1] == list(first.tokens)
+    engine.forget()  # what benchmarks do between modes
+    assert not engine.history and not engine.target_lm.tokens and not engine.draft_lm.tokens
+    fresh = engine.complete(REQ, threading.Event(), ngram)
+    assert fresh.stats.reused_tokens == 0 and fresh.tokens == first.tokens
+    assert (fresh.stats.proposed, fresh.stats.accepted) == (first.stats.proposed, first.stats.accepted)
+
+
 def test_single_line_mode_stops_at_the_line_end(engine):
     res = engine.complete(CompletionRequest(**{**REQ.__dict__, "mode": "single-line"}), threading.Event())
     assert "\n" not in res.text
@@ -138,6 +151,23 @@ def test_repetition_rule_keeps_the_first_occurrence():
     assert cut.startswith("_cast(self.width") and cut.count("self.width") <= 2
     for fine in ("[0, 0, 0, 0, 0, 0]", "# " + "-" * 60, "assert f(1) == f(1)", "self.a, self.b, self.c, self.d"):
         assert _repetition_end(fine) == -1, fine
+
+
+def test_repetition_rule_catches_blocks_of_lines():
+    from engine.engine import _repetition_end
+
+    block = "        if not self.ready:\n            return\n"
+    text = "        x = 1\n" + block * 4 + "        if"
+    assert text[: _repetition_end(text)] == "        x = 1\n" + block.rstrip("\n")  # the first copy kept
+    with_blank = "    if x:\n        raise E()\n\n"  # a blank line is part of the block
+    assert _repetition_end("pass\n" + with_blank * 3) == len("pass\n" + with_blank) - 1
+    assert _repetition_end("a = 1\n" + block * 2) == -1  # twice is allowed
+    assert _repetition_end(("#\n# the same class\n") * 3) == len("#\n# the same class")
+    nine = "".join(f"    line{i}\n" for i in range(9))  # longer than MAX_LOOP_LINES: not checked
+    assert _repetition_end(nine * 3) == -1
+    real = "    if a:\n        return 1\n    if b:\n        return 2\n    if c:\n        return 3\n"
+    assert _repetition_end(real) == -1
+    assert _repetition_end("}\n)\n" * 4) == -1  # closers only
 
 
 def test_repetition_stops_generation_token_by_token(engine):
