@@ -50,13 +50,18 @@ def _rope_theta(cfg) -> float:
 class LeanLM:
     """Drop-in for CachedLM: tokens, forward(new, keep_logits), truncate(n), prefill(tokens), reset()."""
 
-    def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None, max_len: int = 4096):
+    def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None, max_len: int = 4096,
+                 chunk: int | None = None):
         why = supports(model)
         if why:
             raise ValueError(f"lean decoder cannot run this model: {why}")
         cfg = model.config
         self.device, self.vocab_limit, self.max_len = device, vocab_limit, max_len
         self.capacity = max_len
+        # Long prefills run in chunks: on this CPU one 3.5k-token forward took 3.3x as long as the
+        # same tokens in 256-token chunks (the attention of one big block is memory-bound);
+        # `draftline bench scenarios` prints both (costs.prefill_ms). Unmeasured on GPUs: unchunked there.
+        self.chunk = chunk if chunk is not None else (256 if torch.device(device).type == "cpu" else 0)
         self.tokens: list[int] = []
         self.forwards = 0
         self.n_heads = cfg.num_attention_heads
@@ -111,12 +116,28 @@ class LeanLM:
     @torch.inference_mode()
     def forward(self, new_tokens: Sequence[int], keep_logits: int | None = None) -> torch.Tensor:
         """Append tokens; return float32 logits (T', V) of the last `keep_logits` (all by default)."""
-        start, t = len(self.tokens), len(new_tokens)
+        t = len(new_tokens)
         if t == 0:
             raise ValueError("forward needs at least one token")
+        if len(self.tokens) + t > self.max_len:
+            raise ValueError(f"sequence of {len(self.tokens) + t} tokens exceeds the lean cache ({self.max_len})")
+        self.forwards += 1  # one call, however many chunks
+        if not self.chunk or t <= self.chunk:
+            return self._forward(new_tokens, t if keep_logits is None else min(keep_logits, t))
+        keep = t if keep_logits is None else min(keep_logits, t)
+        pieces = []
+        for s in range(0, t, self.chunk):
+            piece = new_tokens[s : s + self.chunk]
+            want = max(0, keep - (t - s - len(piece)))  # logits wanted from this chunk's tail
+            out = self._forward(piece, min(want, len(piece)))
+            if want:
+                pieces.append(out)
+        return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
+
+    def _forward(self, new_tokens: Sequence[int], keep: int) -> torch.Tensor | None:
+        """One forward of all of `new_tokens`; logits of the last `keep` (None when keep is 0)."""
+        start, t = len(self.tokens), len(new_tokens)
         end = start + t
-        if end > self.max_len:
-            raise ValueError(f"sequence of {end} tokens exceeds the lean cache ({self.max_len})")
         ids = torch.tensor(list(new_tokens), dtype=torch.long, device=self.device)
         x = self.embed[ids]  # (T, C)
         cos, sin = self.cos[start:end], self.sin[start:end]  # (T, D)
@@ -145,11 +166,11 @@ class LeanLM:
             x = x + torch.nn.functional.linear(att, wo)
             gate, up = torch.nn.functional.linear(self._rms(x, ln2, self.eps), wgu).split(self.ffn, -1)
             x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, wdown)
-        if keep_logits:
-            x = x[-keep_logits:]
-        logits = torch.nn.functional.linear(self._rms(x, self.final_norm, self.eps), self.lm_head).float()
-        self.forwards += 1
         self.tokens.extend(int(tok) for tok in new_tokens)
+        if keep == 0:
+            return None
+        x = x[-keep:]
+        logits = torch.nn.functional.linear(self._rms(x, self.final_norm, self.eps), self.lm_head).float()
         if self.vocab_limit is not None:
             logits = logits[:, : self.vocab_limit]
         return logits

@@ -271,6 +271,20 @@ def measure_costs(engine, context: int, ks=(1, 2, 4, 8, 16), reps: int = 15) -> 
     target = {k: median_ms(engine.target_lm, k) for k in ks}
     out = {"context": context, "target_forward_ms": target,
            "verify_cost": {k: target[k] / target[1] for k in ks}}  # a k-token verify, in plain steps
+    chunk = getattr(engine.target_lm, "chunk", None)
+    if chunk:  # a cold prefill of the whole context: in chunks (what the engine does) and as one forward
+        prefill = {}
+        for name, size in (("chunked", chunk), ("one_forward", 0)):
+            engine.target_lm.chunk = size
+            times = []
+            for _ in range(3):
+                engine.target_lm.reset()
+                t0 = time.perf_counter()
+                engine.target_lm.prefill(ids)
+                times.append(time.perf_counter() - t0)
+            prefill[name] = 1000 * min(times)
+        engine.target_lm.chunk = chunk
+        out["prefill_ms"] = {**prefill, "chunk": chunk}
     if engine.draft_lm is not None:
         draft = median_ms(engine.draft_lm, 1)
         out.update(draft_forward_ms=draft, draft_cost_ratio=draft / target[1])
@@ -284,6 +298,10 @@ def costs_table(costs: dict) -> str:
     rows = [head, "|---|" + "---|" * len(ks),
             "| target forward of k tokens | " + " | ".join(f"{costs['target_forward_ms'][k]:.2f} ms" for k in ks) + " |",
             "| in plain steps (verify cost) | " + " | ".join(f"{costs['verify_cost'][k]:.2f}" for k in ks) + " |"]
+    if "prefill_ms" in costs:
+        pf = costs["prefill_ms"]
+        rows.append(f"\ncold prefill of {costs['context']} tokens: {pf['chunked']:.0f} ms in {pf['chunk']}-token chunks, "
+                    f"{pf['one_forward']:.0f} ms as one forward")
     if "draft_forward_ms" in costs:
         rows.append(f"\ndraft forward of one token: {costs['draft_forward_ms']:.2f} ms = "
                     f"{costs['draft_cost_ratio']:.2f} of a plain target step")

@@ -28,6 +28,23 @@ def test_lean_logits_equal_transformers(family):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_chunked_prefill_equals_one_forward(family):
+    model = tiny_model(family, seed=7)
+    ids = [(5 + 7 * i) % 90 for i in range(100)]
+    whole, chunked = LeanLM(model, CPU, max_len=256, chunk=0), LeanLM(model, CPU, max_len=256, chunk=16)
+    assert torch.allclose(whole.forward(ids), chunked.forward(ids), atol=1e-4)  # every position's logits
+    assert chunked.forwards == 1 and chunked.tokens == ids
+    for keep in (1, 16, 17, 40):  # logits wanted across a chunk boundary
+        a, b = LeanLM(model, CPU, max_len=256, chunk=0), LeanLM(model, CPU, max_len=256, chunk=16)
+        la, lb = a.forward(ids, keep_logits=keep), b.forward(ids, keep_logits=keep)
+        assert lb.shape == (keep, la.shape[1]) and torch.allclose(la, lb, atol=1e-4), keep
+    # a prefill that reuses a prefix and chunks the rest gives the same next-token logits
+    chunked.truncate(30)
+    logits, reused = chunked.prefill(ids + [3, 4])
+    assert reused == 30 and torch.allclose(logits, whole.forward([3, 4])[-1], atol=1e-4)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_speculation_on_the_lean_path_is_lossless(family):
     model = tiny_model(family, seed=5)
     draft = tiny_model("llama", seed=6, layers=1, hidden=16)
