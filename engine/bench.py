@@ -43,13 +43,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def spec_for(mode: str):
-    """A draftline mode name (`plain` or one of DRAFTLINE_MODES) -> SpecConfig."""
+    """A draftline mode name (`plain` or one of DRAFTLINE_MODES) -> SpecConfig.
+
+    `-g5`: a fixed draft length of 5, always proposed whole; `-adaptive`: the engine's default
+    (adaptive length, the draft stopping at a guess it is unsure of)."""
     from engine.types import SpecConfig
 
     if mode != "plain" and mode not in DRAFTLINE_MODES:
         raise ValueError(f"unknown draftline mode {mode!r}")
     drafter, _, g = mode.partition("-")
-    return SpecConfig(drafter="none" if mode == "plain" else drafter, schedule="adaptive" if g == "adaptive" else "fixed")
+    if g == "adaptive":
+        return SpecConfig(drafter=drafter, schedule="adaptive")
+    return SpecConfig(drafter="none" if mode == "plain" else drafter, schedule="fixed", draft_confidence=0.0)
 
 
 @dataclass

@@ -120,7 +120,10 @@ class ModelDrafter:
                 tok = int(torch.multinomial(p, 1))
             else:
                 tok = int(torch.argmax(logits))
-            if self.p_min and i > 0 and float(p[tok]) < self.p_min:
+            # the draft's own probability of its token (greedy: of its argmax, not the one-hot 1.0):
+            # a calibrated draft is rarely right below ~0.4, and each further guess costs a forward.
+            # The first guess is always proposed: its forward is paid, verifying it costs little.
+            if self.p_min and i > 0 and self._confidence(logits, p, tok) < self.p_min:
                 break
             out.append(tok)
             probs.append(p)
@@ -128,6 +131,9 @@ class ModelDrafter:
                 logits = self.lm.forward([tok], keep_logits=1)[-1]
         self.last_probs = torch.stack(probs) if probs else None
         return out
+
+    def _confidence(self, logits: torch.Tensor, p: torch.Tensor, tok: int) -> float:
+        return float(p[tok]) if self.temperature > 0 else float(torch.softmax(logits, -1)[tok])
 
     def feedback(self, accepted: int, proposed: int) -> None:
         pass  # the next propose() re-syncs the cache by longest common prefix

@@ -9,6 +9,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -104,8 +105,9 @@ def _repetition_end(text: str) -> int:
     Two shapes (Tabby's post-processing drops the same ones): a block of 1 to MAX_LOOP_LINES
     complete lines, with a letter or digit in it, written REPEATED_LINES times in a row
     (`if x:\n    return\n` three times over), and a unit of 2-40 characters with a letter in it
-    repeated four times at the end of the line being written (`self.x, self.x, self.x, self.x, `).
-    Real code rarely does either; a small model does it until the token limit.
+    repeated four times at the end of the line being written (`self.x, self.x, self.x, self.x, `;
+    a unit without letters only over 64 characters or more). Real code rarely does either; a small
+    model does it until the token limit.
     """
     lines = text.split("\n")
     done = lines[:-1]  # complete lines only: the last may still grow
@@ -120,9 +122,15 @@ def _repetition_end(text: str) -> int:
             return len("\n".join(done[: len(done) - (copies - 1) * period]))  # up to the end of its first occurrence
     tail = lines[-1][-200:]
     m = _LOOP_IN_LINE.search(tail)
-    if m and any(c.isalpha() for c in m.group(1)):
+    if m and (any(c.isalpha() for c in m.group(1)) or _long_symbol_run(m)):
         return len(text) - len(tail) + m.start() + len(m.group(1))
     return -1
+
+
+def _long_symbol_run(m: re.Match) -> bool:
+    """A unit without letters (`' * `) is a loop only once its run is longer than a code line's
+    worth and mixes characters: `[0, 0, 0, 0]` and `# ------` rulers stay legal."""
+    return len(m.group(0)) >= 64 and len(set(m.group(1)) - {" "}) >= 2
 
 
 class Engine:
@@ -195,6 +203,7 @@ class Engine:
         self.ngram.set_extra(list(self.history))
         if self.model_drafter:
             self.model_drafter.temperature = spec.temperature
+            self.model_drafter.p_min = spec.draft_confidence
         gamma = self._gamma_policy(spec, request, prompt.prefix_chars)
         draft_before = self.draft_lm.forwards if self.draft_lm else 0
         tokens, reason = generate(
@@ -248,14 +257,27 @@ def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_b
     return CachedLM(loaded.model, loaded.device, vocab_limit=vocab_limit)
 
 
+SPEC_OPTIONS = tuple(f.name for f in dataclasses.fields(SpecConfig))
+DRAFTERS = ("none", "ngram", "draft", "hybrid")
+SCHEDULES = ("fixed", "adaptive", "ast", "grow")
+
+
 def load_engine(target: str, draft: str | None = None, *, device: str | None = None, dtype: str = "auto",
                 trust_remote_code: bool = False, config: EngineConfig = EngineConfig(),
-                backend: str | None = None) -> Engine:
+                backend: str | None = None, **spec: Any) -> Engine:
     """Load a target (and optional draft sharing its tokenizer) and build an Engine.
 
-    ``backend`` (auto | lean | transformers | llamacpp) overrides ``config.backend``, so that the
-    server's ``model.options = { backend = "llamacpp" }`` reaches it.
+    ``backend`` (auto | lean | transformers | llamacpp) overrides ``config.backend``, and SpecConfig
+    fields (``drafter``, ``schedule``, ``gamma``, ``draft_confidence``, ...) override ``config.spec``,
+    so that the server's ``model.options = { backend = "llamacpp", drafter = "ngram" }`` reaches them.
     """
+    if unknown := sorted(set(spec) - set(SPEC_OPTIONS)):
+        raise ValueError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(SPEC_OPTIONS)}")
+    if spec:
+        config = dataclasses.replace(config, spec=dataclasses.replace(config.spec, **spec))
+    if config.spec.drafter not in DRAFTERS or config.spec.schedule not in SCHEDULES:
+        raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)} and schedule one of {', '.join(SCHEDULES)}, "
+                         f"not {config.spec.drafter!r} / {config.spec.schedule!r}")
     if backend is not None:
         config = dataclasses.replace(config, backend=backend)
     if config.backend not in BACKENDS:

@@ -21,14 +21,17 @@ from lsp_server.documents import prefix_window, suffix_window
 
 log = logging.getLogger(__name__)
 
-MODES = {  # name -> how it drafts and how it picks gamma
+MODES = {  # name -> how it drafts and how it picks gamma (the modes: the draft always proposes gamma)
     "plain": SpecConfig(drafter="none"),
-    "fixed-g5": SpecConfig(drafter="draft", schedule="fixed", gamma=5),
-    "adaptive": SpecConfig(drafter="draft", schedule="adaptive"),
-    "ast-adaptive": SpecConfig(drafter="draft", schedule="ast"),
+    "fixed-g5": SpecConfig(drafter="draft", schedule="fixed", gamma=5, draft_confidence=0.0),
+    "adaptive": SpecConfig(drafter="draft", schedule="adaptive", draft_confidence=0.0),
+    "ast-adaptive": SpecConfig(drafter="draft", schedule="ast", draft_confidence=0.0),
     "ngram": SpecConfig(drafter="ngram", schedule="adaptive"),
-    "hybrid": SpecConfig(drafter="hybrid", schedule="adaptive"),
+    "hybrid": SpecConfig(drafter="hybrid", schedule="adaptive", draft_confidence=0.0),
     "ngram-grow": SpecConfig(drafter="ngram", schedule="grow"),  # long strides while a copy holds
+    # the draft stops proposing at a guess it gives < 0.5 (the engine's default; agreement ~0.6 there)
+    "adaptive-conf": SpecConfig(drafter="draft", schedule="adaptive", draft_confidence=0.5),
+    "hybrid-conf": SpecConfig(drafter="hybrid", schedule="adaptive", draft_confidence=0.5),
 }
 SCENARIOS = ("single-line", "function", "refactor")
 CACHES = ("warm", "cold")

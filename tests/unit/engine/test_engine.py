@@ -29,6 +29,19 @@ def test_every_mode_gives_the_plain_greedy_text(engine):
             assert res.stats.proposed, drafter
 
 
+def test_draft_confidence_shortens_proposals_and_keeps_the_output(engine):
+    plain = engine.complete(REQ, threading.Event(), SpecConfig(drafter="none"))
+    runs = {}
+    for conf in (0.0, 0.3, 1.01):  # 1.01: no later guess is ever confident enough
+        spec = SpecConfig(drafter="draft", schedule="fixed", gamma=4, draft_confidence=conf)
+        res = engine.complete(REQ, threading.Event(), spec)
+        assert res.tokens == plain.tokens, conf
+        runs[conf] = res.stats.proposed
+    assert set(runs[1.01]) == {1} and max(runs[0.0]) == 4  # the first guess is always proposed
+    mean = {conf: sum(p) / len(p) for conf, p in runs.items()}
+    assert mean[1.01] <= mean[0.3] <= mean[0.0]
+
+
 def test_second_call_reuses_the_prompt_kv(engine):
     engine.complete(REQ, threading.Event())
     typed = CompletionRequest(**{**REQ.__dict__, "prefix": REQ.prefix + "lo"})
@@ -91,6 +104,16 @@ def test_backend_option_reaches_the_engine(model_dirs):
         load_engine(str(model_dirs["target"]), None, dtype="float32", backend="no-such-backend")
 
 
+def test_spec_options_reach_the_engine_and_bad_ones_are_refused(model_dirs):
+    eng = load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32", drafter="ngram",
+                      draft_confidence=0.25)
+    assert eng.config.spec.drafter == "ngram" and eng.config.spec.draft_confidence == 0.25
+    with pytest.raises(ValueError, match="unknown engine option"):
+        load_engine(str(model_dirs["target"]), None, dtype="float32", drafters="ngram")
+    with pytest.raises(ValueError, match="drafter must be one of"):
+        load_engine(str(model_dirs["target"]), None, dtype="float32", drafter="magic")
+
+
 def test_mismatched_tokenizer_is_refused(model_dirs, tmp_path):
     from transformers import AutoTokenizer
 
@@ -149,8 +172,11 @@ def test_repetition_rule_keeps_the_first_occurrence():
     line = "_cast(self.width, self.width, self.width, self.width, self.wi"
     cut = line[: _repetition_end(line)]
     assert cut.startswith("_cast(self.width") and cut.count("self.width") <= 2
-    for fine in ("[0, 0, 0, 0, 0, 0]", "# " + "-" * 60, "assert f(1) == f(1)", "self.a, self.b, self.c, self.d"):
+    for fine in ("[0, 0, 0, 0, 0, 0]", "# " + "-" * 60, "assert f(1) == f(1)", "self.a, self.b, self.c, self.d",
+                 "# " + "=" * 78, "x = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]"):
         assert _repetition_end(fine) == -1, fine
+    symbols = "    return ' ' * ' * " + "' * " * 20  # no letter in the unit, but long and mixed
+    assert symbols[: _repetition_end(symbols)] == "    return ' ' * "  # the unit once: "' * ""
 
 
 def test_repetition_rule_catches_blocks_of_lines():

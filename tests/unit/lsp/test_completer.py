@@ -107,6 +107,11 @@ def test_real_targets_go_through_load_engine_lazily(monkeypatch):
     monkeypatch.setitem(sys.modules, "engine.engine", fake_module)  # the real one imports torch
     assert make_engine(ModelConfig(target="/models/t", draft="/models/d", options={"dtype": "float32"})) == "engine"
     assert calls == [("/models/t", "/models/d", {"dtype": "float32"})]
+    # the bundled pair drafts by n-gram unless the user picks a drafter; a user's pair keeps the engine's default
+    monkeypatch.setattr("engine.bundled.bundled_pair", lambda: ("/bundled/t", "/bundled/d"))
+    make_engine(ModelConfig())
+    make_engine(ModelConfig(options={"drafter": "hybrid"}))
+    assert calls[1:] == [("/bundled/t", "/bundled/d", {"drafter": "ngram"}), ("/bundled/t", "/bundled/d", {"drafter": "hybrid"})]
 
 
 def test_cli_complete_prints_json(tmp_path, capsys, monkeypatch):
