@@ -94,7 +94,9 @@ def _scope_end(text: str, min_indent: int) -> int:
     return -1
 
 
-_LOOP_IN_LINE = re.compile(r"(\S.{1,39}?)\1{3,}\Z")  # a 2-40 character unit, four or more times at the end
+# a unit of up to 40 characters with a non-blank in it, four or more times at the end (it may start
+# with a blank, so that a loop is seen wherever the last token happened to end)
+_LOOP_IN_LINE = re.compile(r"(\s*\S.{0,38}?)\1{3,}\Z")
 REPEATED_LINES = 3  # the same line (or block of lines) this many times in a row is a loop
 MAX_LOOP_LINES = 8  # longest block of lines checked for repetition
 
@@ -183,7 +185,9 @@ class Engine:
             return self.hybrid
         return None
 
-    def complete(self, request: CompletionRequest, cancel: threading.Event, spec: SpecConfig | None = None) -> CompletionResult:
+    def complete(self, request: CompletionRequest, cancel: threading.Event, spec: SpecConfig | None = None,
+                 drafter: Drafter | None = None) -> CompletionResult:
+        """`drafter` replaces the one `spec` names (benchmarks' diagnostic drafters)."""
         spec = spec or self.config.spec
         started = time.perf_counter()
         stats = CompletionStats()
@@ -199,7 +203,7 @@ class Engine:
             return CompletionResult("", stop_reason="context", stats=stats)
         max_lines = 1 if request.mode == "single-line" else limits.max_lines
         rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s, limits.min_indent)
-        drafter = self.drafter_for(spec)
+        drafter = drafter or self.drafter_for(spec)
         self.ngram.set_extra(list(self.history))
         if self.model_drafter:
             self.model_drafter.temperature = spec.temperature

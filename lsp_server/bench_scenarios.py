@@ -33,6 +33,7 @@ MODES = {  # name -> how it drafts and how it picks gamma (the issue's modes: th
     "adaptive-conf": SpecConfig(drafter="draft", schedule="adaptive", draft_confidence=0.5),
     "hybrid-conf": SpecConfig(drafter="hybrid", schedule="adaptive", draft_confidence=0.5),
 }
+ORACLE = "oracle"  # not a mode: the ceiling of this target on this machine (see OracleDrafter)
 SCENARIOS = ("single-line", "function", "refactor")
 CACHES = ("warm", "cold")
 SERVER = CompletionConfig()  # the server's defaults: windows and token limit of a completion request
@@ -52,6 +53,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "cold: every mode prefills the whole prompt, as for the first request in a file")
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", metavar="DIR", help="write PNG plots and table.md here")
+
+
+class OracleDrafter:
+    """A free drafter that is always right: it proposes plain greedy's own next tokens (up to 16).
+
+    Not a product mode: its speedup is the most any drafter could get from this target on this
+    machine (only verify forwards are paid), which tells draft quality apart from step costs."""
+
+    name = ORACLE
+    SPEC = SpecConfig(drafter="none", schedule="fixed", gamma=16)
+
+    def __init__(self, reference: tuple[int, ...], prompt_len: int):
+        self.reference, self.prompt_len = reference, prompt_len
+
+    def propose(self, tokens, k: int) -> list[int]:
+        i = len(tokens) - self.prompt_len
+        return list(self.reference[i : i + k])
+
+    def feedback(self, accepted: int, proposed: int) -> None:
+        pass
 
 
 @dataclass(frozen=True)
@@ -200,7 +221,7 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
     tasks = make_tasks(args.n, args.seed, tuple(s for s in args.scenarios.split(",") if s),
                        count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)), room=engine.capacity // 2)
     caches = [c for c in CACHES if c in args.cache.split(",")] or ["warm"]
-    cells = {(s, m, c): Cell() for s in SCENARIOS for m in modes for c in caches}
+    cells = {(s, m, c): Cell() for s in SCENARIOS for m in [*modes, ORACLE] for c in caches}
     degenerate_count = {s: 0 for s in SCENARIOS}
     task_count = {s: 0 for s in SCENARIOS}
     prompt_work = {(s, c): [] for s in SCENARIOS for c in caches}  # (prompt tokens, recomputed) per task
@@ -216,6 +237,15 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
                 started = time.perf_counter()
                 res = engine.complete(task.request, threading.Event(), MODES[mode])
                 runs[(mode, cache)] = (res, time.perf_counter() - started)
+            plain = runs[("plain", cache)][0]
+            oracle = OracleDrafter(plain.tokens, plain.stats.prompt_tokens)
+            engine.forget()
+            if cache == "warm":
+                engine.complete(previous_keystroke(task.request), threading.Event(), MODES["plain"])
+                engine.history.clear()
+            started = time.perf_counter()
+            res = engine.complete(task.request, threading.Event(), OracleDrafter.SPEC, drafter=oracle)
+            runs[(ORACLE, cache)] = (res, time.perf_counter() - started)
         task_count[task.scenario] += 1
         for cache in caches:  # what each cache state costs in prompt work, over every task
             stats = runs[("plain", cache)][0].stats
@@ -344,7 +374,7 @@ def _report(cells, modes, caches, task_count, degenerate_count, prompt_work, eng
     for s in SCENARIOS:
         if not task_count[s]:
             continue
-        by_cache = {c: _modes_report(cells, s, modes, c) for c in caches}
+        by_cache = {c: _modes_report(cells, s, [*modes, ORACLE], c) for c in caches}
         prompts = {c: {"tokens_mean": statistics.mean(p for p, _ in prompt_work[(s, c)]),
                        "recomputed_mean": statistics.mean(r for _, r in prompt_work[(s, c)])} for c in caches}
         scenarios[s] = {"tasks": task_count[s], "degenerate": degenerate_count[s], "cache": caches[0],
@@ -355,26 +385,31 @@ def _report(cells, modes, caches, task_count, degenerate_count, prompt_work, eng
 
 def markdown_table(report: dict) -> str:
     head = report.get("headline_cache", "cold")
-    rows = [f"| task | tokens | plain | speculative (fixed-g5) | best mode | best | speedup ({head}) | speedup (cold) "
-            "| decode speedup | acceptance | identical | degenerate |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = [f"| task | tokens | plain | speculative (fixed-g5) | syntax-aware adaptive | best mode | best | speedup ({head}) "
+            "| speedup (cold) | decode speedup | acceptance | identical | degenerate | perfect-drafter ceiling |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for s, data in report["scenarios"].items():
         modes = data["modes"]
-        best = max((m for m in modes if m != "plain"), key=lambda m: modes[m]["speedup"], default="plain")
+        best = max((m for m in modes if m not in ("plain", ORACLE)), key=lambda m: modes[m]["speedup"], default="plain")
+        ceiling = modes.get(ORACLE, {}).get("speedup")
         b = modes[best]
         cold = data.get("by_cache", {}).get("cold", {}).get(best)
         acc = "-" if b["acceptance"] is None else f"{100 * b['acceptance']:.1f} %"
         fixed = modes.get("fixed-g5", {}).get("p50_ms", 0.0)
+        ast = modes.get("ast-adaptive", {}).get("p50_ms", 0.0)
         identical = all(m["identical"] for c in data.get("by_cache", {"": modes}).values() for m in c.values())
-        rows.append(f"| {s} | {modes['plain']['tokens_mean']:.0f} | {modes['plain']['p50_ms']:.0f} ms | {fixed:.0f} ms | "
+        rows.append(f"| {s} | {modes['plain']['tokens_mean']:.0f} | {modes['plain']['p50_ms']:.0f} ms | {fixed:.0f} ms | {ast:.0f} ms | "
                     f"{best} | {b['p50_ms']:.0f} ms | {b['speedup']:.2f}x | "
                     f"{'-' if cold is None else format(cold['speedup'], '.2f') + 'x'} | {b['decode_speedup']:.2f}x | {acc} | "
-                    f"{identical} | {data['degenerate']}/{data['tasks']} |")
+                    f"{identical} | {data['degenerate']}/{data['tasks']} | "
+                    f"{'-' if ceiling is None else format(ceiling, '.2f') + 'x'} |")
     return "\n".join(rows) + (
         "\n\n(tokens: mean generated by plain greedy under the server's stop rules; latencies are p50 over "
         f"non-degenerate tasks, {head} cache (warm: the previous keystroke's prompt is in both models' KV, as "
         "while typing; cold: every mode prefills the whole prompt); speedup = total plain time / total mode time, "
-        "the best mode chosen by the headline speedup; decode speedup leaves out the target's prefill)")
+        "the best mode chosen by the headline speedup; decode speedup leaves out the target's prefill; the ceiling is "
+        "a free drafter that always proposes plain's own next 16 tokens: the most any drafter could get from this "
+        "target here)")
 
 
 def _plots(report: dict, out: Path) -> None:

@@ -33,6 +33,23 @@ def test_refactor_tasks_fit_the_models_context_when_a_tokenizer_is_given():
         assert 800 <= len(original) <= 4000 - 64 + 2, len(original)
 
 
+def test_the_oracle_drafter_is_always_right_and_changes_nothing(model_dirs):
+    import threading
+
+    from engine.engine import load_engine
+    from lsp_server.bench_scenarios import OracleDrafter
+
+    engine = load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32")
+    req = make_tasks(1, seed=0, scenarios=("function",))[0].request
+    plain = engine.complete(req, threading.Event(), MODES["plain"])
+    engine.forget()
+    res = engine.complete(req, threading.Event(), OracleDrafter.SPEC,
+                          drafter=OracleDrafter(plain.tokens, plain.stats.prompt_tokens))
+    assert res.tokens == plain.tokens and len(plain.tokens) > 2
+    assert res.stats.proposed and res.stats.accepted == res.stats.proposed  # every guess kept
+    assert res.stats.target_forwards < len(plain.tokens)
+
+
 def test_previous_keystroke_is_one_character_less_and_windows_are_the_servers():
     from lsp_server.bench_scenarios import SERVER, previous_keystroke
 
@@ -57,7 +74,7 @@ def test_bench_scenarios_json_plots_and_table(model_dirs, tmp_path, capsys):
     assert set(report["scenarios"]) == {"single-line", "function"}
     assert report["headline_cache"] == "warm"
     for name, data in report["scenarios"].items():
-        assert set(data["modes"]) == set(MODES), name
+        assert set(data["modes"]) == set(MODES) | {"oracle"}, name
         assert data["modes"] == data["by_cache"]["warm"] and set(data["by_cache"]) == {"warm", "cold"}
         for cache, modes in data["by_cache"].items():
             for mode, cell in modes.items():

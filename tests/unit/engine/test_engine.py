@@ -176,7 +176,9 @@ def test_repetition_rule_keeps_the_first_occurrence():
                  "# " + "=" * 78, "x = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0]"):
         assert _repetition_end(fine) == -1, fine
     symbols = "    return ' ' * ' * " + "' * " * 20  # no letter in the unit, but long and mixed
-    assert symbols[: _repetition_end(symbols)] == "    return ' ' * "  # the unit once: "' * ""
+    for end in range(len(symbols) - 4, len(symbols) + 1):  # wherever the last token ended
+        cut = symbols[: _repetition_end(symbols[:end])]
+        assert cut.startswith("    return ' ' *") and cut.count("*") <= 3, (end, cut)
 
 
 def test_repetition_rule_catches_blocks_of_lines():
