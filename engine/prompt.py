@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
@@ -137,9 +138,20 @@ class PromptBuilder:
         self.budget = budget
         self.repo = repo
         self._anchor: dict[str, int] = {}  # uri -> absolute char offset of the window's first line
+        # one build encodes the window twice (budget check, then the prompt), and the suffix and
+        # snippets come back unchanged keystroke after keystroke: remember recent encodings
+        self._encoded = functools.lru_cache(maxsize=128)(self._encode_tuple)
+        self._offsets = functools.lru_cache(maxsize=32)(self._offsets_tuple)
+
+    def _offsets_tuple(self, text: str) -> tuple[tuple[int, int], ...]:
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return tuple(map(tuple, enc["offset_mapping"]))
+
+    def _encode_tuple(self, text: str) -> tuple[int, ...]:
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False) if text else []
+        return list(self._encoded(text)) if text else []
 
     def special_id(self, token: str) -> int:
         return int(self.tokenizer.convert_tokens_to_ids(token))
@@ -191,8 +203,7 @@ class PromptBuilder:
         """The longest run of whole lines at the head (or tail) of `text` within `budget` tokens."""
         if not text:
             return 0 if return_start else ""
-        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        offsets = enc["offset_mapping"]
+        offsets = self._offsets(text)
         if len(offsets) <= budget:
             return 0 if return_start else text
         if head:

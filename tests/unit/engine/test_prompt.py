@@ -79,3 +79,24 @@ def test_window_moves_with_margin_when_it_overflows(tokenizer_dir):
     assert grown.prefix_chars - first.prefix_chars == len(_lines(3))
     moved = builder.build(CompletionRequest(prefix=text + _lines(60), uri="u"))  # overflow: re-anchor
     assert len(moved.tokens) <= 300 and moved.prefix_chars < len(text + _lines(60))
+
+
+def test_recent_encodings_are_reused_and_never_shared_mutably(tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    builder = PromptBuilder(DRAFTLINE, tok, PromptBudget(total=400))
+    req = CompletionRequest(prefix=_lines(40) + "x = ", suffix="\nprint(x)\n" * 30, uri="file:///b.py",
+                            snippets=(Snippet("pkg/u.py", "def u():\n    return 1\n"),))
+    first = builder.build(req)
+    calls = []
+    real = tok.encode
+    tok.encode = lambda *a, **k: calls.append(a) or real(*a, **k)
+    try:
+        again = builder.build(req)  # the same keystroke again: nothing is re-tokenized
+        assert again.tokens == first.tokens and calls == []
+        typed = builder.build(CompletionRequest(**{**req.__dict__, "prefix": req.prefix + "1"}))
+        assert len(calls) == 1 and typed.tokens[: len(first.tokens) - 3] == first.tokens[: len(first.tokens) - 3]
+    finally:
+        tok.encode = real
+    ids = builder.encode("def f():\n")
+    ids.append(-1)  # a caller's change to its list does not reach the cache
+    assert builder.encode("def f():\n") == tok.encode("def f():\n", add_special_tokens=False)
