@@ -45,6 +45,16 @@ def test_chunked_prefill_equals_one_forward(family):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_matmul_attention_equals_sdpa(family):
+    model = tiny_model(family, seed=8)  # 4 query heads on 2 KV heads
+    manual, sdpa = LeanLM(model, CPU, max_len=256), LeanLM(model, CPU, max_len=256)
+    assert manual.manual_attention  # CPU's default; GPUs keep SDPA, checked here on the CPU
+    sdpa.manual_attention = False
+    for new in (list(range(3, 50)), [5, 6, 7, 8, 9], [10], list(range(60, 90))):  # prefill, verify, decode, chunk
+        assert torch.allclose(manual.forward(new), sdpa.forward(new), atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_speculation_on_the_lean_path_is_lossless(family):
     model = tiny_model(family, seed=5)
     draft = tiny_model("llama", seed=6, layers=1, hidden=16)
