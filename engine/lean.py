@@ -127,9 +127,9 @@ class LeanLM:
         if len(self.tokens) + t > self.max_len:
             raise ValueError(f"sequence of {len(self.tokens) + t} tokens exceeds the lean cache ({self.max_len})")
         self.forwards += 1  # one call, however many chunks
+        keep = min(keep_logits, t) if keep_logits else t  # 0 or None: all, as before
         if not self.chunk or t <= self.chunk:
-            return self._forward(new_tokens, t if keep_logits is None else min(keep_logits, t))
-        keep = t if keep_logits is None else min(keep_logits, t)
+            return self._forward(new_tokens, keep)
         pieces = []
         for s in range(0, t, self.chunk):
             piece = new_tokens[s : s + self.chunk]

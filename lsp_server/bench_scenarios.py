@@ -230,22 +230,10 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
         runs = {}
         for cache in caches:
             for mode in order:
-                engine.forget()  # no mode reuses another's KV or copies its output of this task
-                if cache == "warm":  # the previous keystroke ran in this mode: its prompt is in both caches
-                    engine.complete(previous_keystroke(task.request), threading.Event(), MODES[mode])
-                    engine.history.clear()  # but its suggestion is not there to copy from
-                started = time.perf_counter()
-                res = engine.complete(task.request, threading.Event(), MODES[mode])
-                runs[(mode, cache)] = (res, time.perf_counter() - started)
+                runs[(mode, cache)] = _timed(engine, task.request, cache, MODES[mode])
             plain = runs[("plain", cache)][0]
             oracle = OracleDrafter(plain.tokens, plain.stats.prompt_tokens)
-            engine.forget()
-            if cache == "warm":
-                engine.complete(previous_keystroke(task.request), threading.Event(), MODES["plain"])
-                engine.history.clear()
-            started = time.perf_counter()
-            res = engine.complete(task.request, threading.Event(), OracleDrafter.SPEC, drafter=oracle)
-            runs[(ORACLE, cache)] = (res, time.perf_counter() - started)
+            runs[(ORACLE, cache)] = _timed(engine, task.request, cache, OracleDrafter.SPEC, oracle)
         task_count[task.scenario] += 1
         for cache in caches:  # what each cache state costs in prompt work, over every task
             stats = runs[("plain", cache)][0].stats
@@ -277,6 +265,18 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
         _plots(report, Path(args.plot))
     print(json.dumps(report, indent=2) if args.json else markdown_table(report) + "\n\n" + costs_table(report["costs"]))
     return 0
+
+
+def _timed(engine, request: CompletionRequest, cache: str, spec: SpecConfig, drafter=None):
+    """(result, seconds) of one completion from the given cache state, with nothing left over from
+    another mode: no KV, no remembered completion to copy from."""
+    engine.forget()
+    if cache == "warm":  # the previous keystroke ran with this spec: its prompt is in both caches
+        engine.complete(previous_keystroke(request), threading.Event(), spec)
+        engine.history.clear()  # but its suggestion is not there to copy from
+    started = time.perf_counter()
+    res = engine.complete(request, threading.Event(), spec, drafter=drafter)
+    return res, time.perf_counter() - started
 
 
 def _pct(data: list[float], q: float) -> float:

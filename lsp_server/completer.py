@@ -59,8 +59,8 @@ def make_engine(model: ModelConfig) -> Engine:
         if pair is None:
             raise ValueError("no model configured (set model.target; this build bundles no model pair)")
         target, draft = pair
-        # the bundled draft costs ~0.34 of a target step and agrees too rarely to pay for it
-        # (bench scenarios: model and hybrid drafting 0.7-0.9x plain, n-gram 1.0-1.9x): draft by n-gram
+        # the bundled draft costs ~0.39 of a target step and agrees too rarely to pay for it
+        # (bench scenarios, warm: model and hybrid drafting 0.4-0.8x plain, n-gram ~1.0x): draft by n-gram
         options.setdefault("drafter", "ngram")
     from engine.engine import load_engine  # torch lives behind this import
 
