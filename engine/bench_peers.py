@@ -3,7 +3,7 @@
 Needs the optional extra (`pip install 'draftline[llamacpp]'`) and the llama-cpp-python sdist for the
 GGUF converter (--llamacpp-src or $DRAFTLINE_LLAMACPP_SRC, see engine/llamacpp.py). Never in CI.
 
-Every engine gets the same prompts (engine/bench.py's held-out stdlib cuts, built by draftline's
+Every engine gets the same prompts (engine/bench.py's cuts from the held-out split, built by draftline's
 prompt builder), the same token budget and the same stop rules (engine.engine._StopRules plus the
 template's stop ids), runs in this one process in a rotating order, and pays a cold prefill each
 time. Times exclude building the prompt. `ms_per_token` is decode only: (total - prefill) over the
@@ -200,7 +200,7 @@ def run_bench_peers(args: argparse.Namespace) -> int:
             peers[n] = llama(target_gguf, draft_model=_draft_model_adapter(llama(draft_gguf), 5), logits_all=True)
     names = [n for n in names if n in peers or not n.startswith("llamacpp-")]
 
-    prompts = bench.stdlib_prompts(args.prompts, args.prompt_chars, args.seed)
+    prompts = bench.held_out_prompts(args.prompts, args.prompt_chars, args.seed)
     limits = Limits(max_tokens=args.max_new)
     runs = {n: EngineRun(n) for n in names}
     tokenizer_agrees = []

@@ -104,6 +104,11 @@ def collect(libs: tuple[str, ...] = DEFAULT_LIBS, max_chars: int = 60_000_000, p
             rel = f.relative_to(root.parent).as_posix()
             if f.suffix != ".py" or any(v in rel for v in VENDORED) or "/tests/" in rel and label != "stdlib:unittest":
                 continue
+            held = label in HELD_OUT
+            top = "stdlib" if label.startswith("stdlib") else label
+            used = sources.get(top, {}).get("chars", 0)
+            if not held and (max_chars - total < 200 or (top != "stdlib" and used > per_package_chars)):
+                continue  # no file could fit (texts under 200 characters are dropped): not even read
             text = _read(f, max_file_bytes)
             if not text or len(text) < 200 or _looks_generated(text):
                 continue
@@ -111,10 +116,7 @@ def collect(libs: tuple[str, ...] = DEFAULT_LIBS, max_chars: int = 60_000_000, p
             if digest in seen:
                 continue
             seen.add(digest)
-            held = label in HELD_OUT
-            top = "stdlib" if label.startswith("stdlib") else label
-            used = sources.get(top, {}).get("chars", 0)
-            if not held and (total + len(text) > max_chars or (top != "stdlib" and used > per_package_chars)):
+            if not held and total + len(text) > max_chars:
                 continue
             (corpus.held_out if held else corpus.train).append(SourceFile(label, rel, text))
             total += 0 if held else len(text)

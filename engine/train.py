@@ -57,13 +57,21 @@ class ModelSize:
     ffn: int
 
 
-SIZES = {"target": ModelSize(256, 4, 4, 688), "draft": ModelSize(128, 2, 2, 384)}
+# named pair sizes for a fresh run (`--size`); a resumed run keeps the sizes of the models it loads.
+# 5m is the shipped pair, sized for 2 CPU cores (target step ~1.5 ms); the larger targets are for a
+# GPU run (20m still decodes in a few ms on CPU; 90m is a GPU-only target); tiny is for smoke tests.
+SIZE_PRESETS = {
+    "5m": {"target": ModelSize(256, 4, 4, 688), "draft": ModelSize(128, 2, 2, 384)},
+    "20m": {"target": ModelSize(512, 6, 8, 1376), "draft": ModelSize(128, 2, 2, 384)},
+    "90m": {"target": ModelSize(768, 12, 12, 2048), "draft": ModelSize(256, 2, 4, 688)},
+    "tiny": {"target": ModelSize(64, 2, 2, 128), "draft": ModelSize(32, 1, 1, 64)},
+}
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     out: str = str(MODELS_DIR)
-    state: str = str(Path.home() / ".cache" / "draftline" / "train-state")  # optimizer etc., not shipped
+    state: str = ""  # optimizer etc., not shipped ("": a folder under ~/.cache/draftline kept per --out)
     minutes: float = 60.0
     vocab: int = 8192
     seq: int = 1024  # the bundled pair's context: samples are packed whole into rows this long
@@ -78,6 +86,9 @@ class TrainConfig:
     threads: int = 0  # 0 = torch default
     resume: bool = False
     models: tuple[str, ...] = ("target", "draft")  # which of the pair this run trains (the other is kept as is)
+    size: str | None = None  # a SIZE_PRESETS name (None: 5m for a fresh run; a resumed run keeps its sizes)
+    device: str = "auto"  # auto = cuda when available, else cpu
+    max_chars: int = 60_000_000  # training text gathered (see engine.corpus.collect)
 
 
 def _llama_config(size: ModelSize, tok, seq: int):
@@ -123,23 +134,39 @@ def _pack_rows(tok, texts: list[str], seq: int):
     return np.stack(rows)
 
 
-def _row_batch(rows, cfg: TrainConfig, rng, pad: int):
+def default_state_dir(out: Path) -> Path:
+    """Where a run keeps its optimizer state: one folder per output folder, so two runs never share one."""
+    import hashlib
+
+    key = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]
+    return Path.home() / ".cache" / "draftline" / "train-state" / key
+
+
+def pick_device(name: str = "auto"):
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _row_batch(rows, cfg: TrainConfig, rng, pad: int, device=None):
     import torch
 
     pick = rng.integers(0, len(rows), size=cfg.batch)
     t = torch.from_numpy(rows[pick].astype("int64"))
     x, y = t[:, :-1], t[:, 1:].clone()
     y[y == pad] = -100  # no loss on padding
-    return x, y
+    return (x, y) if device is None else (x.to(device), y.to(device))
 
 
-def _batch(stream, cfg: TrainConfig, rng):
+def _batch(stream, cfg: TrainConfig, rng, device=None):
     import numpy as np
     import torch
 
     starts = rng.integers(0, len(stream) - cfg.seq - 1, size=cfg.batch)
     block = np.stack([stream[s : s + cfg.seq + 1] for s in starts]).astype(np.int64)
-    t = torch.from_numpy(block)
+    t = torch.from_numpy(block).to(device or "cpu")
     return t[:, :-1], t[:, 1:]
 
 
@@ -151,9 +178,10 @@ def evaluate(target, draft, stream, cfg: TrainConfig, n: int = 16) -> dict:
     rng = np.random.default_rng(1234)  # the same held-out windows every time
     cfg = replace(cfg, seq=512, batch=16)  # the same window shape in every run, so losses compare
     losses, agree, count = {"target": 0.0, "draft": 0.0}, 0, 0
-    with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+    device = next(target.parameters()).device
+    with torch.inference_mode(), torch.autocast(device.type, dtype=torch.bfloat16):
         for _ in range(max(1, n // cfg.batch)):
-            x, y = _batch(stream, cfg, rng)
+            x, y = _batch(stream, cfg, rng, device)
             lt, ld = target(input_ids=x).logits.float(), draft(input_ids=x).logits.float()
             losses["target"] += float(torch.nn.functional.cross_entropy(lt.flatten(0, 1), y.flatten()))
             losses["draft"] += float(torch.nn.functional.cross_entropy(ld.flatten(0, 1), y.flatten()))
@@ -171,14 +199,18 @@ def train(cfg: TrainConfig) -> dict:
 
     from engine.corpus import collect, repo_samples, window_samples
 
+    if cfg.size is not None and cfg.size not in SIZE_PRESETS:
+        raise ValueError(f"unknown size {cfg.size!r}: one of {', '.join(SIZE_PRESETS)}")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    out, state_dir = Path(cfg.out), Path(cfg.state)
+    out = Path(cfg.out)
+    state_dir = Path(cfg.state) if cfg.state else default_state_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
-    corpus = collect()
+    device = pick_device(cfg.device)
+    corpus = collect(max_chars=cfg.max_chars)
     log.info("corpus: %d train files, %d held-out files", len(corpus.train), len(corpus.held_out))
     tdir, ddir = out / "target", out / "draft"
     if cfg.resume and (tdir / "config.json").exists():
@@ -186,16 +218,22 @@ def train(cfg: TrainConfig) -> dict:
         target = LlamaForCausalLM.from_pretrained(tdir, dtype=torch.float32)
         draft = LlamaForCausalLM.from_pretrained(ddir, dtype=torch.float32)
         summary = json.loads((out / "summary.json").read_text())
+        if cfg.size is not None and any(
+                {k: v for k, v in _size_of(m).items() if k != "params"} != SIZE_PRESETS[cfg.size][name].__dict__
+                for m, name in ((target, "target"), (draft, "draft"))):
+            raise ValueError(f"--size {cfg.size} does not match the models in {out}: a resumed run keeps their sizes")
     else:
         sample = [f.text for f in corpus.train[:: max(1, len(corpus.train) // 1500)]]
         tok = train_tokenizer(sample, cfg.vocab, state_dir / "tokenizer")
-        target = LlamaForCausalLM(_llama_config(SIZES["target"], tok, cfg.seq))
-        draft = LlamaForCausalLM(_llama_config(SIZES["draft"], tok, cfg.seq))
+        sizes = SIZE_PRESETS[cfg.size or "5m"]
+        target = LlamaForCausalLM(_llama_config(sizes["target"], tok, cfg.seq))
+        draft = LlamaForCausalLM(_llama_config(sizes["draft"], tok, cfg.seq))
         summary = {"runs": [], "steps": 0, "tokens_seen": 0}
+    target, draft = target.to(device), draft.to(device)
     # sample sizes follow the row length, so a longer context is trained on longer files and peers
     scale = cfg.seq / 1024
-    samples = window_samples(corpus.train, cfg.seed + summary["steps"], max_chars=int(3000 * scale),
-                             context_chars=int(600 * scale))
+    samples = window_samples(corpus.train, cfg.seed + summary["steps"], min_chars=min(800, int(1500 * scale)),
+                             max_chars=int(3000 * scale), context_chars=int(600 * scale))
     rows = _pack_rows(tok, samples, cfg.seq)
     held_stream = _encode_stream(tok, repo_samples(corpus.held_out, 99))
     log.info("rows: %d x %d train, %d held-out tokens; params target %.2fM draft %.2fM", len(rows), cfg.seq + 1, len(held_stream),
@@ -204,14 +242,17 @@ def train(cfg: TrainConfig) -> dict:
     opt_d = torch.optim.AdamW(draft.parameters(), lr=cfg.draft_lr, betas=(0.9, 0.95), weight_decay=0.1)
     state_file = state_dir / "optim.pt"
     if cfg.resume and state_file.exists():
-        saved = torch.load(state_file, weights_only=True)
-        opt_t.load_state_dict(saved["target"])
-        opt_d.load_state_dict(saved["draft"])
+        saved = torch.load(state_file, weights_only=True, map_location=device)
+        try:
+            opt_t.load_state_dict(saved["target"])
+            opt_d.load_state_dict(saved["draft"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            log.warning("optimizer state in %s does not fit these models (%s): starting a fresh one", state_file, e)
     rng = np.random.default_rng(cfg.seed + summary["steps"])
     budget = cfg.minutes * 60
     run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "minutes": cfg.minutes, "evals": [], "seq": cfg.seq,
            "trained": list(cfg.models), "lr": cfg.lr, "draft_lr": cfg.draft_lr,
-           "hardware": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads",
+           "hardware": _hardware(device),
            "data": corpus.manifest}
     target.train(), draft.train()
     for name, model in (("target", target), ("draft", draft)):
@@ -226,7 +267,7 @@ def train(cfg: TrainConfig) -> dict:
         for opt, lr in ((opt_t, cfg.lr), (opt_d, cfg.draft_lr)):
             for g in opt.param_groups:
                 g["lr"] = lr * scale
-        x, y = _row_batch(rows, cfg, rng, tok.pad_token_id)
+        x, y = _row_batch(rows, cfg, rng, tok.pad_token_id, device)
         losses = _step(target, draft, x, y, cfg, opt_t, opt_d)
         step += 1
         now = time.perf_counter()
@@ -248,7 +289,7 @@ def train(cfg: TrainConfig) -> dict:
     run["final"] = evaluate(target, draft, held_stream, cfg, n=64)
     _save(target, draft, tok, out, opt_t, opt_d, state_file, summary, run, step, cfg)
     log.info("done in %.0fs: %s", time.perf_counter() - t_start, run["final"])
-    return run
+    return {**run, "steps": step, "tokens": step * cfg.batch * cfg.seq}
 
 
 def _step(target, draft, x, y, cfg: TrainConfig, opt_t, opt_d) -> dict:
@@ -257,7 +298,7 @@ def _step(target, draft, x, y, cfg: TrainConfig, opt_t, opt_d) -> dict:
 
     f = torch.nn.functional
     out: dict[str, float] = {}
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(x.device.type, dtype=torch.bfloat16):
         if "target" in cfg.models:
             lt = target(input_ids=x).logits.float()  # (B, T, V)
             loss_t = f.cross_entropy(lt.flatten(0, 1), y.flatten(), ignore_index=-100)
@@ -287,6 +328,19 @@ def _update(opt, loss, model) -> None:
     opt.step()
 
 
+def _hardware(device) -> str:
+    import torch
+
+    cpu = f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads"
+    return f"{torch.cuda.get_device_name(device)} ({cpu})" if device.type == "cuda" else cpu
+
+
+def _size_of(model) -> dict:
+    c = model.config
+    return {"hidden": c.hidden_size, "layers": c.num_hidden_layers, "heads": c.num_attention_heads,
+            "ffn": c.intermediate_size, "params": model.num_parameters()}
+
+
 def _save(target, draft, tok, out: Path, opt_t, opt_d, state_file: Path, summary: dict, run: dict, step: int,
           cfg: TrainConfig) -> None:
     """Write both models (bf16 safetensors: half the bytes in git) and the summary; keep the optimizer aside."""
@@ -305,5 +359,5 @@ def _save(target, draft, tok, out: Path, opt_t, opt_d, state_file: Path, summary
     runs = summary["runs"][:-1] if summary["runs"] and summary["runs"][-1].get("started") == run["started"] else summary["runs"]
     total = {"runs": runs + [run], "steps": sum(r["steps"] for r in runs) + step,
              "tokens_seen": sum(r["tokens"] for r in runs) + run["tokens"],
-             "sizes": {k: v.__dict__ for k, v in SIZES.items()}}
+             "sizes": {name: _size_of(model) for model, name in ((target, "target"), (draft, "draft"))}}
     (out / "summary.json").write_text(json.dumps(total, indent=1))

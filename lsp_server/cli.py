@@ -63,7 +63,7 @@ def _train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(out=args.out or defaults.out, minutes=args.minutes, resume=args.resume, seed=args.seed,
                       threads=args.threads, lr=args.lr or defaults.lr,
                       draft_lr=args.draft_lr or defaults.draft_lr, seq=args.seq, batch=args.batch or max(1, 8192 // args.seq),
-                      models=tuple(args.models.split(",")))
+                      models=tuple(args.models.split(",")), size=args.size, device=args.device)
     train(cfg)
     return 0
 
@@ -114,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--batch", type=int, help="rows per step (default: 8192 tokens per step)")
     tr.add_argument("--models", default="target,draft", choices=["target,draft", "target", "draft"],
                     help="which models this run trains (draft alone: distilled from the fixed target)")
+    tr.add_argument("--size", choices=["5m", "20m", "90m", "tiny"],
+                    help="pair size of a fresh run (5m: the shipped CPU pair; 20m, 90m: larger targets for a GPU "
+                    "run; tiny: smoke tests); a resumed run keeps the sizes it loads")
+    tr.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1, ...")
     tr.set_defaults(func=_train)
 
     bench = sub.add_parser("bench", help="benchmarks (each prints the numbers the README quotes)")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dataclasses import replace
+
 from engine.train import TrainConfig, _step
 
 from .conftest import tiny_model
@@ -26,3 +28,34 @@ def test_a_step_updates_exactly_the_models_it_trains(models):
     for name, m in (("target", target), ("draft", draft)):
         changed = any(not torch.equal(a, b) for a, b in zip(before[name], m.parameters()))
         assert changed == (name in models), name
+
+
+def test_a_fresh_run_then_a_resume_write_loadable_models_and_a_summary(tmp_path):
+    """The whole `draftline train` path on a tiny pair and a small corpus: fresh run, resume, load."""
+    import json
+
+    from engine.engine import load_engine
+    from engine.train import train
+
+    out = tmp_path / "models"
+    cfg = TrainConfig(out=str(out), state=str(tmp_path / "state"), minutes=0.03, seq=128, batch=4, size="tiny",
+                      device="cpu", max_chars=300_000, vocab=1024)
+    first = train(cfg)
+    assert first["steps"] > 0 and first["final"]["target_loss"] > 0
+    second = train(replace(cfg, resume=True, size=None, models=("draft",), seed=1))
+    summary = json.loads((out / "summary.json").read_text())
+    assert [r["trained"] for r in summary["runs"]] == [["target", "draft"], ["draft"]]
+    assert summary["steps"] == first["steps"] + second["steps"]
+    assert summary["sizes"]["target"]["hidden"] == 64 and summary["sizes"]["draft"]["layers"] == 1
+    assert (tmp_path / "state" / "optim.pt").exists() and not (out / "optim.pt").exists()
+    engine = load_engine(str(out / "target"), str(out / "draft"), dtype="float32")
+    assert engine.draft is not None and engine.target.tokenizer.convert_tokens_to_ids("<|fim_middle|>") > 0
+    with pytest.raises(ValueError, match="does not match"):
+        train(replace(cfg, resume=True, size="5m"))
+
+
+def test_an_unknown_size_is_refused_before_any_work(tmp_path):
+    from engine.train import train
+
+    with pytest.raises(ValueError, match="unknown size"):
+        train(TrainConfig(out=str(tmp_path), state=str(tmp_path), size="huge"))
