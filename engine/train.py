@@ -210,7 +210,8 @@ def train(cfg: TrainConfig) -> dict:
     state_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
     device = pick_device(cfg.device)
-    corpus = collect(max_chars=cfg.max_chars)
+    # the per-package cap grows with the budget, so a larger corpus (for a GPU run) is not all one library
+    corpus = collect(max_chars=cfg.max_chars, per_package_chars=max(8_000_000, cfg.max_chars * 2 // 15))
     log.info("corpus: %d train files, %d held-out files", len(corpus.train), len(corpus.held_out))
     tdir, ddir = out / "target", out / "draft"
     if cfg.resume and (tdir / "config.json").exists():

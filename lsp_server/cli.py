@@ -63,7 +63,8 @@ def _train(args: argparse.Namespace) -> int:
     cfg = TrainConfig(out=args.out or defaults.out, minutes=args.minutes, resume=args.resume, seed=args.seed,
                       threads=args.threads, lr=args.lr or defaults.lr,
                       draft_lr=args.draft_lr or defaults.draft_lr, seq=args.seq, batch=args.batch or max(1, 8192 // args.seq),
-                      models=tuple(args.models.split(",")), size=args.size, device=args.device)
+                      models=tuple(args.models.split(",")), size=args.size, device=args.device,
+                      max_chars=args.max_chars)
     train(cfg)
     return 0
 
@@ -117,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--size", choices=["5m", "20m", "90m", "tiny"],
                     help="pair size of a fresh run (5m: the shipped CPU pair; 20m, 90m: larger targets for a GPU "
                     "run; tiny: smoke tests); a resumed run keeps the sizes it loads")
+    tr.add_argument("--max-chars", type=int, default=60_000_000,
+                    help="training text to gather (stdlib and the dependencies' sources; default 60M characters, "
+                    "about 30M tokens: a GPU run wants more)")
     tr.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1, ...")
     tr.set_defaults(func=_train)
 
