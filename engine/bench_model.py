@@ -79,6 +79,9 @@ def run_bench_model(args: argparse.Namespace) -> int:
     windows = [stream[s : s + context + 1] for s in (rng.randrange(0, len(stream) - context - 1) for _ in range(args.windows))]
     report: dict = {"target": target_dir, "draft": draft_dir, "context": context, "windows": len(windows),
                     "held_out_packages": sorted({f.package for f in corpus.held_out}),
+                    # the split is read from this machine's stdlib and installed pygls/watchdog: losses
+                    # compare across machines only when these two agree
+                    "held_out_files": len(corpus.held_out), "held_out_chars": sum(len(f.text) for f in corpus.held_out),
                     "loss_by_position": {"target": position_losses(target.model, windows)}}
     if draft is not None:
         report["loss_by_position"]["draft"] = position_losses(draft.model, windows)
@@ -97,6 +100,7 @@ def run_bench_model(args: argparse.Namespace) -> int:
         if "top1_agreement" in report:
             print("top-1 agreement", report["top1_agreement"])
         print("exact match", report["exact_match"], "first word", report["first_word"])
+        print(f"held-out split: {report['held_out_files']} files, {report['held_out_chars']} characters")
         for s in report["samples"]:
             print(f"--- {s['kind']} {s['path']}:{s['line']}\n  context: {s['context']!r}\n  model:   {s['model']!r}\n  real:    {s['real']!r}")
     return 0
