@@ -87,7 +87,8 @@ def run_bench_model(args: argparse.Namespace) -> int:
         report["loss_by_position"]["draft"] = position_losses(draft.model, windows)
         report["top1_agreement"] = agreement(target.model, draft.model, windows)
     done = _samples(engine, corpus.held_out, rng, args.tasks)
-    for metric in ("exact", "first_word"):
+    # parses: a non-empty suggestion that leaves the file valid Python (every held-out file is)
+    for metric in ("exact", "first_word", "parses", "empty"):
         report[f"{metric}_match" if metric == "exact" else metric] = {
             k: round(sum(d[metric] for d in done if d["kind"] == k) / max(1, sum(d["kind"] == k for d in done)), 3)
             for k in ("completion", "infill")}
@@ -100,6 +101,7 @@ def run_bench_model(args: argparse.Namespace) -> int:
         if "top1_agreement" in report:
             print("top-1 agreement", report["top1_agreement"])
         print("exact match", report["exact_match"], "first word", report["first_word"])
+        print("non-empty and the file still parses", report["parses"], "empty", report["empty"])
         print(f"held-out split: {report['held_out_files']} files, {report['held_out_chars']} characters")
         for s in report["samples"]:
             print(f"--- {s['kind']} {s['path']}:{s['line']}\n  context: {s['context']!r}\n  model:   {s['model']!r}\n  real:    {s['real']!r}")
@@ -112,6 +114,20 @@ def _first_word(text: str) -> str:
 
     m = re.match(r"\s*(\w+|[^\w\s]+)", text)
     return m.group(1) if m else ""
+
+
+def _parses(source: str) -> bool:
+    """Is this Python valid syntax? (A plausible line leaves its file parseable; the held-out files parse.)"""
+    import ast
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escape sequences and the like in old code
+            ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return True
 
 
 def _samples(engine, files, rng, n: int) -> list[dict]:
@@ -135,5 +151,7 @@ def _samples(engine, files, rng, n: int) -> list[dict]:
         res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
         out.append({"kind": kind, "path": f.path, "line": j + 1, "context": f.text[max(start, cut - 60):cut],
                     "model": res.text, "real": real, "exact": res.text.strip() == real.strip(),
-                    "first_word": _first_word(res.text) == _first_word(real) != ""})
+                    "first_word": _first_word(res.text) == _first_word(real) != "",
+                    "empty": not res.text.strip(),
+                    "parses": bool(res.text.strip()) and _parses(req.prefix + res.text + req.suffix)})
     return out

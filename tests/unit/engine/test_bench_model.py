@@ -24,6 +24,15 @@ def test_bench_model_reports_losses_agreement_and_samples(model_dirs, capsys):
     report = json.loads(capsys.readouterr().out)
     assert set(report["loss_by_position"]) == {"target", "draft"}
     assert 0.0 <= report["top1_agreement"] <= 1.0
-    assert set(report["exact_match"]) == set(report["first_word"]) == {"completion", "infill"}
+    assert set(report["exact_match"]) == set(report["first_word"]) == set(report["parses"]) == {"completion", "infill"}
+    assert all(0.0 <= v <= 1.0 for v in report["parses"].values())
     assert [s["kind"] for s in report["samples"]] == ["completion", "infill"]
     assert all(s["real"] for s in report["samples"])
+
+
+def test_parses_tells_valid_python_from_a_broken_line():
+    from engine.bench_model import _parses
+
+    assert _parses("def f(x):\n    return x + 1\n")
+    assert not _parses("def f(x):\n    return (x + \n")
+    assert not _parses("x = '\0'\x00")  # a null byte is a ValueError in ast.parse, not a crash
