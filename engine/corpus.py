@@ -197,14 +197,14 @@ def _hole_start(text: str, a: int) -> int:
 
 
 def window_samples(files: list[SourceFile], seed: int, min_chars: int = 800, max_chars: int = 3000,
-                   context_rate: float = 0.3, context_chars: int = 600) -> list[str]:
+                   context_rate: float = 0.3, context_chars: int = 600, fim_rate: float = FIM_RATE) -> list[str]:
     """Samples that each fit one training window whole, covering every file about once.
 
     Random windows over concatenated files (what `repo_samples` feeds) almost never hold a FIM
     sample's suffix, prefix, middle and end token together when files are longer than the window,
     so the model cannot learn to fill a hole and stop. Here each sample is built to its own
     character budget: a plain piece of a file (the end token only where the file ends), or, for
-    FIM_RATE of them, a hole with the tail of its prefix and the head of its suffix around it,
+    `fim_rate` of them (FIM_RATE by default), a hole with the tail of its prefix and the head of its suffix around it,
     sometimes after a short piece of another file of the package (as retrieved chunks arrive).
     """
     rng = random.Random(seed)
@@ -223,7 +223,7 @@ def window_samples(files: list[SourceFile], seed: int, min_chars: int = 800, max
                 piece = peer.text[: rng.randint(100, context_chars)]
                 head = f"{SEP}{peer.path}\n{piece}\n" + head
                 budget = max(min_chars, budget - len(piece))
-            if rng.random() >= FIM_RATE or len(text) < 50:
+            if rng.random() >= fim_rate or len(text) < 50:
                 end = min(len(text), pos + budget)
                 if end < len(text):
                     end = max(pos + 1, text.rfind("\n", pos, end) + 1) if "\n" in text[pos:end] else end

@@ -89,6 +89,7 @@ class TrainConfig:
     size: str | None = None  # a SIZE_PRESETS name (None: 5m for a fresh run; a resumed run keeps its sizes)
     device: str = "auto"  # auto = cuda when available, else cpu
     max_chars: int = 60_000_000  # training text gathered (see engine.corpus.collect)
+    fim_rate: float = 0.5  # share of samples that are fill-in-the-middle (engine.corpus.FIM_RATE)
 
 
 def _llama_config(size: ModelSize, tok, seq: int):
@@ -234,7 +235,7 @@ def train(cfg: TrainConfig) -> dict:
     # sample sizes follow the row length, so a longer context is trained on longer files and peers
     scale = cfg.seq / 1024
     samples = window_samples(corpus.train, cfg.seed + summary["steps"], min_chars=min(800, int(1500 * scale)),
-                             max_chars=int(3000 * scale), context_chars=int(600 * scale))
+                             max_chars=int(3000 * scale), context_chars=int(600 * scale), fim_rate=cfg.fim_rate)
     rows = _pack_rows(tok, samples, cfg.seq)
     held_stream = _encode_stream(tok, repo_samples(corpus.held_out, 99))
     log.info("rows: %d x %d train, %d held-out tokens; params target %.2fM draft %.2fM", len(rows), cfg.seq + 1, len(held_stream),
@@ -252,7 +253,7 @@ def train(cfg: TrainConfig) -> dict:
     rng = np.random.default_rng(cfg.seed + summary["steps"])
     budget = cfg.minutes * 60
     run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "minutes": cfg.minutes, "evals": [], "seq": cfg.seq,
-           "trained": list(cfg.models), "lr": cfg.lr, "draft_lr": cfg.draft_lr,
+           "trained": list(cfg.models), "lr": cfg.lr, "draft_lr": cfg.draft_lr, "fim_rate": cfg.fim_rate,
            "hardware": _hardware(device),
            "data": corpus.manifest}
     target.train(), draft.train()

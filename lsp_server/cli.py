@@ -64,7 +64,7 @@ def _train(args: argparse.Namespace) -> int:
                       threads=args.threads, lr=args.lr or defaults.lr,
                       draft_lr=args.draft_lr or defaults.draft_lr, seq=args.seq, batch=args.batch or max(1, 8192 // args.seq),
                       models=tuple(args.models.split(",")), size=args.size, device=args.device,
-                      max_chars=args.max_chars)
+                      max_chars=args.max_chars, fim_rate=args.fim_rate)
     train(cfg)
     return 0
 
@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--max-chars", type=int, default=60_000_000,
                     help="training text to gather (stdlib and the dependencies' sources; default 60M characters, "
                     "about 30M tokens: a GPU run wants more)")
+    tr.add_argument("--fim-rate", type=float, default=0.5,
+                    help="share of samples that are fill-in-the-middle (default 0.5; higher to teach infilling and ending a middle)")
     tr.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1, ...")
     tr.set_defaults(func=_train)
 
