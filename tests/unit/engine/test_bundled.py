@@ -86,3 +86,32 @@ def test_the_lean_decoder_and_transformers_agree_on_the_bundled_target(engine):
     logits = lm.forward(tokens)
     assert torch.equal(logits.argmax(-1), reference.argmax(-1))
     assert torch.allclose(logits, reference, atol=2e-3, rtol=1e-3)
+
+
+# Simple infills whose missing middle is one whole line. Trained on middles that end with
+# <|endoftext|>, the pair should rank that token near the top once the line is complete. It does,
+# but not at the top: the shipped checkpoint (held-out loss ~2.67) still prefers another newline
+# there, so greedy decoding does not end these middles by itself (the server's stop rules, end of
+# line and end of scope, end them instead). This guards what it has learned; it is weaker than
+# "greedy ends the middle", which the checkpoint does not do yet.
+SIMPLE_INFILLS = [
+    ("def add(a, b):\n    ", "return a + b\n", "\n\nprint(add(1, 2))\n"),
+    ("def greet(name):\n    ", "print('hello', name)\n", "\n\ngreet('world')\n"),
+    ("class Point:\n    def __init__(self, x, y):\n        self.x = x\n        ", "self.y = y\n",
+     "\n    def norm(self):\n        return (self.x ** 2 + self.y ** 2) ** 0.5\n"),
+    ("values = [1, 2, 3]\ntotal = ", "sum(values)\n", "print(total)\n"),
+    ("for i in range(10):\n    ", "print(i)\n", "print('done')\n"),
+]
+
+
+def test_the_end_token_ranks_near_the_top_once_a_missing_line_is_complete(engine):
+    tok = engine.target.tokenizer
+    end = tok.convert_tokens_to_ids("<|endoftext|>")
+    ranks = []
+    for prefix, middle, suffix in SIMPLE_INFILLS:
+        prompt = engine.prompts.build(CompletionRequest(prefix=prefix, suffix=suffix, path="example.py"))
+        ids = prompt.tokens + tok.encode(middle, add_special_tokens=False)
+        with torch.inference_mode():
+            probs = engine.target.model(input_ids=torch.tensor([ids])).logits[0, -1].float().softmax(-1)
+        ranks.append(int((probs > probs[end]).sum()))
+    assert max(ranks) < 8 and sum(ranks) / len(ranks) < 4, ranks  # of 8,203 tokens
