@@ -87,10 +87,9 @@ def held_out_prompts(n: int, chars: int, seed: int) -> list[tuple[str, str, str]
     """(path, prefix, suffix) cut at the start of an indented line inside real code from the held-out
     split (stdlib json/email/asyncio/logging, pygls, watchdog): code the bundled pair never trained
     on, so its acceptance is not inflated by memorised text."""
-    from engine.corpus import collect
+    from engine.corpus import held_out_files
 
-    held = collect(libs=("pygls", "watchdog"), max_chars=0).held_out
-    files = sorted((f for f in held if len(f.text) > 8000), key=lambda f: f.path)
+    files = sorted((f for f in held_out_files() if len(f.text) > 8000), key=lambda f: f.path)
     rng = random.Random(seed)
     out = []
     for f in rng.sample(files, min(len(files), n * 3)):

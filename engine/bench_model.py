@@ -61,7 +61,7 @@ def agreement(target, draft, windows) -> float:
 
 def run_bench_model(args: argparse.Namespace) -> int:
     from engine.bundled import bundled_pair
-    from engine.corpus import collect, repo_samples
+    from engine.corpus import held_out_files, repo_samples
     from engine.engine import load_engine
 
     target_dir, draft_dir = args.target, args.draft
@@ -73,20 +73,20 @@ def run_bench_model(args: argparse.Namespace) -> int:
     engine = load_engine(target_dir, draft_dir, dtype="float32")
     target, draft = engine.target, engine.draft
     context = min(int(getattr(target.model.config, "max_position_embeddings", 1024)), 4096)
-    corpus = collect(libs=("pygls", "watchdog"), max_chars=0)  # the held-out split only
-    stream = target.tokenizer.encode("".join(repo_samples(corpus.held_out, 99)), add_special_tokens=False)
+    held = held_out_files()
+    stream = target.tokenizer.encode("".join(repo_samples(held, 99)), add_special_tokens=False)
     rng = random.Random(args.seed)
     windows = [stream[s : s + context + 1] for s in (rng.randrange(0, len(stream) - context - 1) for _ in range(args.windows))]
     report: dict = {"target": target_dir, "draft": draft_dir, "context": context, "windows": len(windows),
-                    "held_out_packages": sorted({f.package for f in corpus.held_out}),
+                    "held_out_packages": sorted({f.package for f in held}),
                     # the split is read from this machine's stdlib and installed pygls/watchdog: losses
                     # compare across machines only when these two agree
-                    "held_out_files": len(corpus.held_out), "held_out_chars": sum(len(f.text) for f in corpus.held_out),
+                    "held_out_files": len(held), "held_out_chars": sum(len(f.text) for f in held),
                     "loss_by_position": {"target": position_losses(target.model, windows)}}
     if draft is not None:
         report["loss_by_position"]["draft"] = position_losses(draft.model, windows)
         report["top1_agreement"] = agreement(target.model, draft.model, windows)
-    done = _samples(engine, corpus.held_out, rng, args.tasks)
+    done = _samples(engine, held, rng, args.tasks)
     # parses: a non-empty suggestion that leaves the file valid Python (every held-out file is)
     for metric in ("exact", "first_word", "parses", "empty"):
         report[f"{metric}_match" if metric == "exact" else metric] = {

@@ -131,6 +131,12 @@ def collect(libs: tuple[str, ...] = DEFAULT_LIBS, max_chars: int = 60_000_000, p
     return corpus
 
 
+def held_out_files() -> list[SourceFile]:
+    """The held-out split alone (stdlib packages and libraries in HELD_OUT); no training text is read."""
+    libs = tuple(h for h in HELD_OUT if not h.startswith("stdlib:"))
+    return collect(libs=libs, max_chars=0).held_out
+
+
 SEP, PRE, SUF, MID, END = "<|file_sep|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|endoftext|>"
 
 

@@ -220,9 +220,8 @@ def train(cfg: TrainConfig) -> dict:
         target = LlamaForCausalLM.from_pretrained(tdir, dtype=torch.float32)
         draft = LlamaForCausalLM.from_pretrained(ddir, dtype=torch.float32)
         summary = json.loads((out / "summary.json").read_text())
-        if cfg.size is not None and any(
-                {k: v for k, v in _size_of(m).items() if k != "params"} != SIZE_PRESETS[cfg.size][name].__dict__
-                for m, name in ((target, "target"), (draft, "draft"))):
+        if cfg.size is not None and any(_model_size(m) != SIZE_PRESETS[cfg.size][name]
+                                        for m, name in ((target, "target"), (draft, "draft"))):
             raise ValueError(f"--size {cfg.size} does not match the models in {out}: a resumed run keeps their sizes")
     else:
         sample = [f.text for f in corpus.train[:: max(1, len(corpus.train) // 1500)]]
@@ -337,10 +336,9 @@ def _hardware(device) -> str:
     return f"{torch.cuda.get_device_name(device)} ({cpu})" if device.type == "cuda" else cpu
 
 
-def _size_of(model) -> dict:
+def _model_size(model) -> ModelSize:
     c = model.config
-    return {"hidden": c.hidden_size, "layers": c.num_hidden_layers, "heads": c.num_attention_heads,
-            "ffn": c.intermediate_size, "params": model.num_parameters()}
+    return ModelSize(c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.intermediate_size)
 
 
 def _save(target, draft, tok, out: Path, opt_t, opt_d, state_file: Path, summary: dict, run: dict, step: int,
@@ -361,5 +359,6 @@ def _save(target, draft, tok, out: Path, opt_t, opt_d, state_file: Path, summary
     runs = summary["runs"][:-1] if summary["runs"] and summary["runs"][-1].get("started") == run["started"] else summary["runs"]
     total = {"runs": runs + [run], "steps": sum(r["steps"] for r in runs) + step,
              "tokens_seen": sum(r["tokens"] for r in runs) + run["tokens"],
-             "sizes": {name: _size_of(model) for model, name in ((target, "target"), (draft, "draft"))}}
+             "sizes": {name: {**_model_size(model).__dict__, "params": model.num_parameters()}
+                       for model, name in ((target, "target"), (draft, "draft"))}}
     (out / "summary.json").write_text(json.dumps(total, indent=1))

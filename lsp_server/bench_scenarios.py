@@ -83,10 +83,9 @@ class Task:
 
 
 def _held_out_files() -> list[tuple[str, str]]:
-    from engine.corpus import collect
+    from engine.corpus import held_out_files
 
-    corpus = collect(libs=("pygls", "watchdog"), max_chars=0)
-    return [(f.path, f.text) for f in corpus.held_out]
+    return [(f.path, f.text) for f in held_out_files()]
 
 
 def make_tasks(n: int, seed: int, scenarios: tuple[str, ...], count_tokens=None, room: int = 2048) -> list[Task]:

@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     icli.add_search_arguments(se)
     se.set_defaults(func=lambda a: _indexer("search", a))
 
+    from engine.train import SIZE_PRESETS, TrainConfig  # stdlib imports only: cheap for every command
+
     tr = sub.add_parser("train", help="train (or --resume) the bundled tokenizer, target and distilled draft")
     tr.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of this run")
     tr.add_argument("--out", help="where the HF model directories go (default: the package's engine/models)")
@@ -115,13 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--batch", type=int, help="rows per step (default: 8192 tokens per step)")
     tr.add_argument("--models", default="target,draft", choices=["target,draft", "target", "draft"],
                     help="which models this run trains (draft alone: distilled from the fixed target)")
-    tr.add_argument("--size", choices=["5m", "20m", "90m", "tiny"],
+    tr.add_argument("--size", choices=list(SIZE_PRESETS),
                     help="pair size of a fresh run (5m: the shipped CPU pair; 20m, 90m: larger targets for a GPU "
                     "run; tiny: smoke tests); a resumed run keeps the sizes it loads")
-    tr.add_argument("--max-chars", type=int, default=60_000_000,
+    tr.add_argument("--max-chars", type=int, default=TrainConfig.max_chars,
                     help="training text to gather (stdlib and the dependencies' sources; default 60M characters, "
                     "about 30M tokens: a GPU run wants more)")
-    tr.add_argument("--fim-rate", type=float, default=0.5,
+    tr.add_argument("--fim-rate", type=float, default=TrainConfig.fim_rate,
                     help="share of samples that are fill-in-the-middle (default 0.5; higher to teach infilling and ending a middle)")
     tr.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1, ...")
     tr.set_defaults(func=_train)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-
-from dataclasses import replace
 
 from engine.train import TrainConfig, _step
 
