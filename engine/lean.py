@@ -10,6 +10,7 @@ small models draftline runs here that overhead is most of a step.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, Sequence
 
 import torch
@@ -19,6 +20,36 @@ from engine.model import prefill_reusing
 log = logging.getLogger(__name__)
 
 SUPPORTED = ("llama", "qwen2")
+QUANTS = ("none", "int8")
+# Forwards of at most this many tokens (decode, verify, a keystroke's few new tokens) use the int8
+# weights; longer ones (prefill chunks) use the dense weights. int8 weight-only GEMV reads a quarter
+# of float32's bytes (a SmolLM2-135M decode step is memory-bound), but its kernel's cost grows with
+# the rows, while a dense bf16 GEMM of 256 rows is ~3x faster than int8's.
+INT8_MAX_ROWS = 32
+
+
+class Linear:
+    """y = x W^T (+ b) with dense weights, and optionally int8 per-row weights for short inputs.
+
+    torch's `_weight_int8pack_mm` (CPU, bf16 activations) gives each row the same bits whether it
+    runs alone or with up to INT8_MAX_ROWS others (checked by the tests), so a verify forward's
+    rows equal the decode steps of plain greedy and speculation stays lossless.
+    """
+
+    __slots__ = ("w", "b", "q", "s")
+
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, quant: str = "none"):
+        self.w, self.b, self.q, self.s = w, b, None, None
+        if quant == "int8":
+            scale = w.float().abs().amax(1).clamp_min(1e-12) / 127.0  # (N,)
+            self.q = torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()  # (N, K)
+            self.s = scale.to(w.dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.q is not None and x.shape[0] <= INT8_MAX_ROWS:
+            y = torch._weight_int8pack_mm(x, self.q, self.s)
+            return y + self.b if self.b is not None else y
+        return torch.nn.functional.linear(x, self.w, self.b)
 
 
 def supports(model: Any) -> str | None:
@@ -51,10 +82,16 @@ class LeanLM:
     """Drop-in for CachedLM: tokens, forward(new, keep_logits), truncate(n), prefill(tokens), reset()."""
 
     def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None, max_len: int = 4096,
-                 chunk: int | None = None):
+                 chunk: int | None = None, quant: str = "none"):
         why = supports(model)
         if why:
             raise ValueError(f"lean decoder cannot run this model: {why}")
+        dtype = next(model.parameters()).dtype
+        if quant not in QUANTS:
+            raise ValueError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
+        if quant == "int8" and (torch.device(device).type != "cpu" or dtype != torch.bfloat16):
+            raise ValueError("quant='int8' runs on the CPU with bfloat16 activations (dtype='bfloat16')")
+        self.quant = quant
         cfg = model.config
         self.device, self.vocab_limit, self.max_len = device, vocab_limit, max_len
         self.capacity = max_len
@@ -73,11 +110,10 @@ class LeanLM:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.scale = 1.0 / float(self.head_dim) ** 0.5
         self.eps = cfg.rms_norm_eps
-        dtype = next(model.parameters()).dtype
         base = model.model
         self.embed = base.embed_tokens.weight.detach()
         self.final_norm = base.norm.weight.detach()
-        self.lm_head = model.lm_head.weight.detach()
+        self.lm_head = Linear(model.lm_head.weight.detach(), quant=quant)
         self.layers = []
         for layer in base.layers:
             a, m = layer.self_attn, layer.mlp
@@ -86,9 +122,10 @@ class LeanLM:
             if a.q_proj.bias is not None:
                 bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
             self.layers.append((
-                layer.input_layernorm.weight.detach(), wqkv, bias, a.o_proj.weight.detach(),
+                layer.input_layernorm.weight.detach(), Linear(wqkv, bias, quant), Linear(a.o_proj.weight.detach(), quant=quant),
                 layer.post_attention_layernorm.weight.detach(),
-                torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(), m.down_proj.weight.detach(),
+                Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(), quant=quant),
+                Linear(m.down_proj.weight.detach(), quant=quant),
             ))
         self.ffn = base.layers[0].mlp.gate_proj.weight.shape[0]
         inv = 1.0 / (_rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
@@ -105,8 +142,8 @@ class LeanLM:
     def truncate(self, n: int) -> None:
         del self.tokens[n:]  # positions >= n are simply overwritten later
 
-    def prefill(self, tokens: Sequence[int]) -> tuple[torch.Tensor, int]:
-        return prefill_reusing(self, tokens)
+    def prefill(self, tokens: Sequence[int], cancel: threading.Event | None = None) -> tuple[torch.Tensor | None, int]:
+        return prefill_reusing(self, tokens, cancel)
 
     @staticmethod
     def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -154,8 +191,8 @@ class LeanLM:
         if mask is not None and self.manual_attention:
             bias = torch.zeros(t, end, dtype=x.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
             bias = bias.repeat(group, 1)  # rows: the heads sharing a KV head, each with its T queries
-        for li, (ln1, wqkv, bqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
-            qkv = torch.nn.functional.linear(self._rms(x, ln1, self.eps), wqkv, bqkv)  # (T, (H + 2 KVH) D)
+        for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
+            qkv = wqkv(self._rms(x, ln1, self.eps))  # (T, (H + 2 KVH) D)
             q, k, v = qkv.split([h * d, kvh * d, kvh * d], -1)
             q = self._rotate(q.view(t, h, d).transpose(0, 1), cos, sin)  # (H, T, D)
             k = self._rotate(k.view(t, kvh, d).transpose(0, 1), cos, sin)  # (KVH, T, D)
@@ -176,14 +213,14 @@ class LeanLM:
                 att = torch.nn.functional.scaled_dot_product_attention(
                     q, keys, values, attn_mask=mask, is_causal=mask is None)  # (H, T, D)
             att = att.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, C)
-            x = x + torch.nn.functional.linear(att, wo)
-            gate, up = torch.nn.functional.linear(self._rms(x, ln2, self.eps), wgu).split(self.ffn, -1)
-            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, wdown)
+            x = x + wo(att)
+            gate, up = wgu(self._rms(x, ln2, self.eps)).split(self.ffn, -1)
+            x = x + wdown(torch.nn.functional.silu(gate) * up)
         self.tokens.extend(int(tok) for tok in new_tokens)
         if keep == 0:
             return None
         x = x[-keep:]
-        logits = torch.nn.functional.linear(self._rms(x, self.final_norm, self.eps), self.lm_head).float()
+        logits = self.lm_head(self._rms(x, self.final_norm, self.eps)).float()
         if self.vocab_limit is not None:
             logits = logits[:, : self.vocab_limit]
         return logits

@@ -268,8 +268,8 @@ class LlamaCppLM:
             raise RuntimeError("llama.cpp refused to drop the KV tail")
         del self.tokens[n:]
 
-    def prefill(self, tokens: Sequence[int]) -> tuple[torch.Tensor, int]:
-        return prefill_reusing(self, tokens)
+    def prefill(self, tokens: Sequence[int], cancel=None) -> tuple[torch.Tensor | None, int]:
+        return prefill_reusing(self, tokens, cancel)
 
     def forward(self, new_tokens: Sequence[int], keep_logits: int | None = None) -> torch.Tensor:
         """Append tokens; return float32 logits (T', V) of the last `keep_logits` (all by default)."""
@@ -322,6 +322,10 @@ def load_llamacpp_lm(model_dir: str | os.PathLike, *, vocab_limit: int | None = 
     KV-cache type (f16, llama.cpp's default) and $DRAFTLINE_LLAMACPP_THREADS the threads (torch's count).
     """
     import_llama_cpp()  # fail with the install hint before converting anything
+    if str(model_dir).endswith(".gguf") and Path(model_dir).is_file():  # a GGUF model runs as it is
+        n_threads = n_threads or int(os.environ.get("DRAFTLINE_LLAMACPP_THREADS", 0)) or torch.get_num_threads()
+        return LlamaCppLM(Path(model_dir), n_ctx=n_ctx, n_threads=n_threads, vocab_limit=vocab_limit,
+                          kv_type=kv_type or os.environ.get("DRAFTLINE_LLAMACPP_KV", "f16"), model=model)
     if not Path(model_dir).is_dir():  # a hub id: its local snapshot
         from huggingface_hub import snapshot_download
 

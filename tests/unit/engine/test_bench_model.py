@@ -25,9 +25,19 @@ def test_bench_model_reports_losses_agreement_and_samples(model_dirs, capsys):
     assert set(report["loss_by_position"]) == {"target", "draft"}
     assert 0.0 <= report["top1_agreement"] <= 1.0
     assert set(report["exact_match"]) == set(report["first_word"]) == set(report["parses"]) == {"completion", "infill"}
+    assert set(report["bare_exact_match"]) == set(report["bare_edit_similarity"]) == {"completion", "infill"}
+    assert all(0.0 <= v <= 1.0 for v in report["edit_similarity"].values())
     assert all(0.0 <= v <= 1.0 for v in report["parses"].values())
     assert [s["kind"] for s in report["samples"]] == ["completion", "infill"]
     assert all(s["real"] for s in report["samples"])
+
+
+def test_edit_similarity():
+    from engine.bench_model import _edit_similarity
+
+    assert _edit_similarity("return x", " return x ") == 1.0
+    assert _edit_similarity("", "") == 1.0 and _edit_similarity("abc", "") == 0.0
+    assert 0.5 < _edit_similarity("return self.x", "return self.y") < 1.0
 
 
 def test_parses_tells_valid_python_from_a_broken_line():

