@@ -161,6 +161,8 @@ class Engine:
         self.hybrid = HybridDrafter(self.ngram, self.model_drafter, config.spec.min_ngram) if self.model_drafter else None
         self.history: deque[list[int]] = deque(maxlen=config.remember_completions)
         self.generator = torch.Generator().manual_seed(config.spec.seed)
+        self._token_texts: list[str] | None = None  # each id's text, for token healing (built on first use)
+        self._healing: dict[str, torch.Tensor] = {}
 
     def forget(self) -> None:
         """Drop everything a later request could reuse: both models' KV and the remembered
@@ -198,7 +200,8 @@ class Engine:
         # a long answer (a multi-line or refactor request) gets its room by shortening the prompt, up to half the context
         room_wanted = min(limits.max_tokens, self.capacity // 2)
         prompt = self.prompts.build(request, total=max(256, self.capacity - room_wanted))
-        room = self.capacity - len(prompt.tokens)
+        prompt_tokens, heal, allowed = self._heal(prompt.tokens)
+        room = self.capacity - len(prompt_tokens)
         if room <= 1:
             log.warning("prompt of %d tokens leaves no room in the model's context", len(prompt.tokens))
             return CompletionResult("", stop_reason="context", stats=stats)
@@ -212,19 +215,51 @@ class Engine:
         gamma = self._gamma_policy(spec, request, prompt.prefix_chars)
         draft_before = self.draft_lm.forwards if self.draft_lm else 0
         tokens, reason = generate(
-            self.target_lm, prompt.tokens, drafter, max_new_tokens=min(limits.max_tokens, room - 1), cancel=cancel,
+            self.target_lm, prompt_tokens, drafter, max_new_tokens=min(limits.max_tokens, room - 1), cancel=cancel,
             gamma=gamma, eos=self.eos, stop_check=rules, temperature=spec.temperature,
-            generator=self.generator, stats=stats,
+            generator=self.generator, stats=stats, first_allowed=allowed,
         )
         stats.draft_forwards = (self.draft_lm.forwards if self.draft_lm else 0) - draft_before
         stats.generated_tokens = len(tokens)
         if tokens and reason != "cancelled":
             self.history.append(tokens)
         text = rules.cut(self.target.tokenizer.decode(tokens))
+        if heal:  # the healed characters are already in the document
+            text = text[len(heal):] if text.startswith(heal) else ""
         stats.total_s = time.perf_counter() - started
         cancelled = reason == "cancelled"
         return CompletionResult(text, cancelled=cancelled, stop_reason=reason, tokens=tuple(tokens), stats=stats)
 
+
+    def _heal(self, tokens: list[int]) -> tuple[list[int], str, torch.Tensor | None]:
+        """Token healing for left-to-right prompts: (prompt, healed text, ids the first token may take).
+
+        A cursor after `total += ` ends the prompt with a lone-space token, which a BPE model has
+        rarely seen (its text puts the space inside the next word's token, " shape"), so it writes
+        something odd. The prompt's last token is taken back and the first generated token must start
+        with its text; the text is removed from the answer again. FIM templates end the prompt with
+        their middle token, and a token holding a newline is left alone (line-based stop rules count it).
+        """
+        if self.template.order != "none" or len(tokens) < 2 or tokens[-1] in self.eos:
+            return tokens, "", None
+        if self._token_texts is None:
+            decode = self.target.tokenizer.decode
+            self._token_texts = [decode([i]) for i in range(self.target_lm_vocab())]
+        heal = self._token_texts[tokens[-1]] if tokens[-1] < len(self._token_texts) else ""
+        special = set(self.target.tokenizer.all_special_ids)
+        if not heal or "\n" in heal or "\ufffd" in heal or tokens[-1] in special:
+            return tokens, "", None
+        allowed = self._healing.get(heal)
+        if allowed is None:
+            ids = [i for i, t in enumerate(self._token_texts) if t.startswith(heal) and i not in special]
+            allowed = self._healing.setdefault(heal, torch.tensor(ids, dtype=torch.long))
+            if len(self._healing) > 4096:
+                self._healing.clear()
+        return tokens[:-1], heal, allowed
+
+    def target_lm_vocab(self) -> int:
+        """Ids the target's logits cover (a shared vocabulary with a draft may be smaller)."""
+        return min(self.target.vocab_size, len(self.target.tokenizer))
 
     def _gamma_policy(self, spec: SpecConfig, request: CompletionRequest, window_chars: int):
         if spec.schedule == "fixed":

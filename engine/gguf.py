@@ -23,13 +23,14 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# transformers' GGUF loader maps these `general.architecture` values to HF causal LMs (5.x); the
-# lean decoder runs llama and qwen2 (and mistral without a sliding window), the rest run on transformers.
-ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3", "starcoder2",
-                 "gemma2", "gemma3", "stablelm", "falcon", "nemotron", "gpt2", "bloom")
-# quant types whose blocks the gguf library can dequantize (F32/F16/BF16 are plain floats)
-QUANT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K",
-               "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+# `general.architecture` values (llama.cpp's spelling) that transformers' GGUF loader maps to HF causal
+# LMs (5.x). The lean decoder runs llama and qwen2 (Mistral files say "llama"); the rest run on transformers.
+ARCHITECTURES = ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "starcoder2", "gemma2", "gemma3",
+                 "stablelm", "falcon", "nemotron", "gpt2", "bloom")
+# plain floats and every block type the gguf library (0.17+) can dequantize
+QUANT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+               "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
+               "MXFP4")
 CONVERTED_VERSION = 1  # bump when what is written to the cache changes
 
 
@@ -79,7 +80,7 @@ def resolve_gguf(spec: str) -> Path | None:
     if not spec:
         return None
     path = Path(spec).expanduser()
-    if path.suffix == ".gguf":
+    if path.suffix.lower() == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
         return path

@@ -133,7 +133,10 @@ class LeanLM:
         emb = torch.cat([angles, angles], -1)
         self.cos, self.sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)  # (L, D)
         shape = (len(self.layers), 2, self.n_kv, max_len, self.head_dim)
-        self.kv = torch.zeros(shape, dtype=dtype, device=device)  # (layers, k|v, KVH, L, D)
+        # On CPU attention runs in float32 (a one-query bf16 q @ K^T over 1,000 keys took 104 us here,
+        # float32 37 us), so the cache holds float32 there.
+        kv_dtype = torch.float32 if self.manual_attention else dtype
+        self.kv = torch.zeros(shape, dtype=kv_dtype, device=device)  # (layers, k|v, KVH, L, D)
         self.model = model
 
     def reset(self) -> None:
@@ -176,6 +179,12 @@ class LeanLM:
                 pieces.append(out)
         return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
+    def _attend_one(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        """One token's attention over keys/values (KVH, L, D): q (H, D) -> (H, D)."""
+        kvh, d = keys.shape[0], self.head_dim
+        scores = torch.matmul(q.reshape(kvh, -1, d).contiguous(), keys.transpose(1, 2)).mul_(self.scale)  # (KVH, G, L)
+        return torch.matmul(torch.softmax(scores, -1), values).reshape(-1, d)
+
     def _forward(self, new_tokens: Sequence[int], keep: int) -> torch.Tensor | None:
         """One forward of all of `new_tokens`; logits of the last `keep` (None when keep is 0)."""
         start, t = len(self.tokens), len(new_tokens)
@@ -186,10 +195,14 @@ class LeanLM:
         h, kvh, d = self.n_heads, self.n_kv, self.head_dim
         group = h // kvh
         mask = None
-        if t > 1 and (start > 0 or self.manual_attention):  # new token i sees the cache and new tokens 0..i
+        # decode and verify (the int8 rows) attend one query token at a time, exactly as a decode step
+        # does: one matmul over the rows of all T tokens and a longer masked key range gave other bits
+        # from T = 4 on (SmolLM2, bf16), and greedy speculation then drifted from plain decoding
+        per_token = self.manual_attention and t <= INT8_MAX_ROWS
+        if t > 1 and not per_token and (start > 0 or self.manual_attention):  # new token i sees the cache and new tokens 0..i
             mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=start)  # (T, L)
         if mask is not None and self.manual_attention:
-            bias = torch.zeros(t, end, dtype=x.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
+            bias = torch.zeros(t, end, dtype=self.kv.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
             bias = bias.repeat(group, 1)  # rows: the heads sharing a KV head, each with its T queries
         for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
             qkv = wqkv(self._rms(x, ln1, self.eps))  # (T, (H + 2 KVH) D)
@@ -200,11 +213,15 @@ class LeanLM:
             cache[0, :, start:end] = k
             cache[1, :, start:end] = v.view(t, kvh, d).transpose(0, 1)
             keys, values = cache[0, :, :end], cache[1, :, :end]  # (KVH, L, D)
-            if self.manual_attention:  # the heads sharing a KV head become rows of one query: (KVH, G*T, D)
-                scores = torch.matmul(q.reshape(kvh, group * t, d), keys.transpose(1, 2)).mul_(self.scale)
+            if per_token:
+                qf = q.float()
+                att = torch.stack([self._attend_one(qf[:, i], keys[:, : start + i + 1], values[:, : start + i + 1])
+                                   for i in range(t)], 1).to(x.dtype)  # (H, T, D)
+            elif self.manual_attention:  # the heads sharing a KV head become rows of one query: (KVH, G*T, D)
+                scores = torch.matmul(q.float().reshape(kvh, group * t, d), keys.transpose(1, 2)).mul_(self.scale)
                 if mask is not None:
                     scores.add_(bias)
-                att = torch.matmul(torch.softmax(scores, -1), values)  # (KVH, G*T, D) = (H, T, D) in head order
+                att = torch.matmul(torch.softmax(scores, -1), values).to(x.dtype)  # (KVH, G*T, D) = (H, T, D) in head order
             elif t == 1:  # decode: the heads sharing a KV head become rows of one query, (KVH, G, D)
                 att = torch.nn.functional.scaled_dot_product_attention(q.reshape(kvh, group, d), keys, values)
             else:

@@ -146,12 +146,15 @@ def generate(
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
     stats: CompletionStats | None = None,
+    first_allowed: torch.Tensor | None = None,
 ) -> tuple[list[int], str]:
     """Decode up to `max_new_tokens` after `prompt`; returns (tokens, stop reason).
 
     Greedy output equals the target's own greedy decoding token for token (up to numerics of the
     batched verify forward; exact in float32 in our tests). `stop_check(tokens)` returns a reason
     to stop after the tokens produced so far (stop strings, line limits, time budgets).
+    `first_allowed`: the ids the first token must come from (token healing), chosen the same way
+    with or without a drafter.
     The cancel event is checked between prefill chunks and before every propose and every verify.
     """
     stats = stats if stats is not None else CompletionStats()
@@ -166,6 +169,8 @@ def generate(
     if logits is None:  # cancelled between prefill chunks
         return [], "cancelled"
     out: list[int] = []
+    if first_allowed is not None:
+        logits = torch.full_like(logits, float("-inf")).index_copy_(0, first_allowed, logits[first_allowed])
     pending = _choose(logits, temperature, generator)  # sampled but not yet in the target's cache
     while True:
         if pending in eos:

@@ -227,3 +227,30 @@ def test_a_long_answer_gets_its_room_from_a_shorter_prompt(engine):
     assert short.stats.prompt_tokens > engine.capacity // 2  # the configured budget when the answer is short
     assert long.stats.prompt_tokens <= engine.capacity // 2  # room for up to half the context of answer
     assert long.stop_reason != "context"
+
+
+def test_token_healing_on_left_to_right_prompts(model_dirs):
+    """A prompt ending in a lone space takes that token back and makes the first token start with it."""
+    eng = load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32",
+                      config=EngineConfig(template="plain"))
+    tok = eng.target.tokenizer
+    req = CompletionRequest(prefix="def area(width, height):\n    return width * ", path="x.py",
+                            mode="single-line", limits=Limits(max_tokens=12, max_lines=1))
+    built = eng.prompts.build(req).tokens
+    assert tok.decode(built[-1:]) == " "  # the case healing is for
+    plain = eng.complete(req, threading.Event(), SpecConfig(drafter="none"))
+    assert plain.stats.prompt_tokens == len(built) - 1  # the space went back
+    assert plain.tokens and tok.decode(plain.tokens[:1]).startswith(" ")  # and the first token carries it
+    full = tok.decode(plain.tokens)
+    assert plain.text and full.startswith(" ") and not plain.text.startswith(" ") and full[1:].startswith(plain.text)
+    for drafter in ("ngram", "draft", "hybrid"):  # healing is the same with speculation
+        res = eng.complete(req, threading.Event(), SpecConfig(drafter=drafter))
+        assert res.tokens == plain.tokens and res.text == plain.text, drafter
+    # FIM templates and a prompt that ends in a newline are left as they are
+    assert engine_heal(eng, tok.encode("x = 1\n", add_special_tokens=False)) == ""
+    fim = load_engine(str(model_dirs["target"]), None, dtype="float32")
+    assert fim.template.order != "none" and fim._heal(built) == (built, "", None)
+
+
+def engine_heal(eng, tokens):
+    return eng._heal(list(tokens))[1]

