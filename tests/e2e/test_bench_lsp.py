@@ -28,6 +28,7 @@ def test_retyping_through_the_real_server_accounts_for_every_request(tmp_path: P
     assert report["answered"] + report["cancelled"] + report["errors"] == typed and report["errors"] == 0
     assert report["stale_answers"] == 0 and report["max_in_flight"] == 1
     assert report["engine_runs"] >= 1 and report["pause_p50_ms"] > 0
+    assert sum(x.first for x in run.samples) == 2 and report["first_p50_ms"] > 0  # one cold request per opened file
     assert (tmp_path / "ws" / "a.py").read_text() == CODE  # the files on disk are never written
 
 
@@ -38,8 +39,10 @@ def test_summary_arithmetic():
         Sample(90, True, False, "cancelled", rest="ame)"),
         Sample(30, False, False, "text", suggestion="other", rest="e)"),
         Sample(40, False, True, "empty"),
+        Sample(900, False, False, "text", suggestion="x", rest="name)", first=True),  # kept apart from typing
     ]
     report = summarize(Run(samples=samples, status={"generations": {"max_in_flight": 1}}), 12)
     assert report["requests"] == 5 and report["answered"] == 4 and report["cancelled"] == 1
     assert report["p50_ms"] == 30 and report["p99_ms"] == 40 and report["pause_p50_ms"] == 40
+    assert report["first_p50_ms"] == report["first_max_ms"] == 900
     assert report["judged"] == 3 and report["matched_exactly"] == round(1 / 3, 4) and report["matched_prefix"] == round(2 / 3, 4)

@@ -254,3 +254,13 @@ def test_token_healing_on_left_to_right_prompts(model_dirs):
 
 def engine_heal(eng, tokens):
     return eng._heal(list(tokens))[1]
+
+
+def test_ngram_min_match_proposes_less_and_keeps_the_output(engine):
+    plain = engine.complete(REQ, threading.Event(), SpecConfig(drafter="none"))
+    proposed = {}
+    for n in (1, 3):
+        res = engine.complete(REQ, threading.Event(), SpecConfig(drafter="ngram", ngram_min=n))
+        assert res.tokens == plain.tokens
+        proposed[n] = len(res.stats.proposed)
+    assert proposed[3] <= proposed[1] and proposed[1] > 0
