@@ -208,6 +208,8 @@ class Engine:
             return CompletionResult("", stop_reason="context", stats=stats)
         max_lines = 1 if request.mode == "single-line" else limits.max_lines
         rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s, limits.min_indent)
+        if request.mode == "single-line" and spec.single_line_drafter:
+            spec = dataclasses.replace(spec, drafter=spec.single_line_drafter)
         drafter = drafter or self.drafter_for(spec)
         self.ngram.set_extra(list(self.history))
         self.ngram.min_n = spec.ngram_min
@@ -334,7 +336,8 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
         raise ValueError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(SPEC_OPTIONS)}")
     if spec:
         config = dataclasses.replace(config, spec=dataclasses.replace(config.spec, **spec))
-    if config.spec.drafter not in DRAFTERS or config.spec.schedule not in SCHEDULES:
+    if config.spec.drafter not in DRAFTERS or config.spec.schedule not in SCHEDULES or \
+            config.spec.single_line_drafter not in ("", *DRAFTERS):
         raise ValueError(f"drafter must be one of {', '.join(DRAFTERS)} and schedule one of {', '.join(SCHEDULES)}, "
                          f"not {config.spec.drafter!r} / {config.spec.schedule!r}")
     if backend is not None:

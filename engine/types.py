@@ -34,6 +34,9 @@ class SpecConfig:
     """How the speculative loop drafts and verifies."""
 
     drafter: Literal["none", "ngram", "draft", "hybrid"] = "hybrid"
+    # the drafter of single-line requests ("" = drafter); where a verify costs several plain steps
+    # and one-line answers are short, not drafting them wins (bench scenarios)
+    single_line_drafter: Literal["", "none", "ngram", "draft", "hybrid"] = ""
     gamma: int = 5  # initial (and, with schedule="fixed", the only) draft length
     # fixed | adaptive: min(8, max(2, round(acceptance * 10))) over a window |
     # ast: syntax-aware: nesting depth > 5 or acceptance < 0.5 -> 3, acceptance > 0.8 -> 7, else adaptive

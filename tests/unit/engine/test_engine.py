@@ -264,3 +264,13 @@ def test_ngram_min_match_proposes_less_and_keeps_the_output(engine):
         assert res.tokens == plain.tokens
         proposed[n] = len(res.stats.proposed)
     assert proposed[3] <= proposed[1] and proposed[1] > 0
+
+
+def test_single_line_requests_can_draft_differently(engine):
+    from dataclasses import replace
+
+    single = replace(REQ, mode="single-line", limits=Limits(max_tokens=40, max_lines=1))
+    spec = SpecConfig(drafter="ngram", single_line_drafter="none")
+    assert not engine.complete(single, threading.Event(), spec).stats.proposed  # no drafting on one line
+    multi = engine.complete(REQ, threading.Event(), spec)
+    assert multi.stats.proposed and multi.tokens == engine.complete(REQ, threading.Event(), SpecConfig(drafter="none")).tokens

