@@ -218,7 +218,9 @@ def test_ast_depth_tracker_follows_growing_code():
     assert deep >= shallow + 5
 
 
-def test_a_long_answer_gets_its_room_from_a_shorter_prompt(engine):
+def test_a_long_answer_gets_its_room_from_a_shorter_prompt(model_dirs):
+    # a budget above half the context (the CPU default, 512, is below it)
+    engine = load_engine(str(model_dirs["target"]), None, dtype="float32", prompt_tokens=1536)
     long_prefix = "".join(f"value_{i} = compute({i}, 'x')\n" for i in range(300))
     short = engine.complete(CompletionRequest(prefix=long_prefix, uri="room-a", limits=Limits(max_tokens=8)),
                             threading.Event(), SpecConfig(drafter="none"))
