@@ -5,6 +5,11 @@ into single matrices, RoPE tables are precomputed, and the KV cache is one preal
 layer indexed by position, so rejection and cross-keystroke reuse are a length change. On this
 CPU a transformers forward costs ~0.55 ms of fixed overhead (reference/bakeoff.md §4); for the
 small models draftline runs here that overhead is most of a step.
+
+On the CPU, `quant="int8"` (bf16 models) keeps int8 per-row copies of the linears for forwards of up
+to INT8_MAX_ROWS tokens (decode, verify), and those forwards attend one query token at a time in
+float32: every row of a verify forward is then the very computation of a decode step, bit for bit,
+which keeps greedy speculation identical to plain decoding.
 """
 
 from __future__ import annotations
