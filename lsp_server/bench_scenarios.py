@@ -143,7 +143,9 @@ def _cut(scenario: str, path: str, text: str, rng: random.Random, count_tokens=N
                 continue
             cut = offsets[body[0].end_lineno]  # right after the docstring
             indent = len(lines[body[1].lineno - 1]) - len(lines[body[1].lineno - 1].lstrip())
-            req = CompletionRequest(prefix=_before(text[:cut]), suffix=_after(text[offsets[f.end_lineno]:]), path=path,
+            # the editor's Enter after the docstring auto-indents: the cursor sits after the body's indentation
+            # (at column 0 a model ends the function there, and the scope rule leaves an empty answer)
+            req = CompletionRequest(prefix=_before(text[:cut] + " " * indent), suffix=_after(text[offsets[f.end_lineno]:]), path=path,
                                     uri=f"bench:{path}:{f.lineno}", mode="multi-line",
                                     limits=Limits(max_tokens=400, min_indent=indent))
             return Task(scenario, path, req)
