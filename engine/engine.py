@@ -36,16 +36,20 @@ class EngineConfig:
 class _StopRules:
     """Stop strings, line limits and the time budget, checked on the text generated so far."""
 
-    def __init__(self, tokenizer, stop: tuple[str, ...], max_lines: int, time_budget_s: float, min_indent: int = -1):
+    def __init__(self, tokenizer, stop: tuple[str, ...], max_lines: int, time_budget_s: float, min_indent: int = -1,
+                 healed: str = ""):
         self.tokenizer, self.stop, self.max_lines, self.budget = tokenizer, stop, max_lines, time_budget_s
         self.min_indent = min_indent
         self.started = time.perf_counter()
         self.seen = 0
         self.newlines = 0
-        self.text = ""  # decoded so far
+        self.text = ""  # decoded so far, the healed characters left out
+        self.skip = len(healed)  # token healing: the first characters decoded are already in the document
 
     def __call__(self, tokens: list[int]) -> str | None:
         new = self.tokenizer.decode(tokens[self.seen :])  # '\n' is one byte: never split across tokens
+        if self.skip:
+            new, self.skip = new[self.skip :], max(0, self.skip - len(new))
         self.newlines += new.count("\n")
         self.seen = len(tokens)
         self.text += new
@@ -209,7 +213,8 @@ class Engine:
             log.warning("prompt of %d tokens leaves no room in the model's context", len(prompt.tokens))
             return CompletionResult("", stop_reason="context", stats=stats)
         max_lines = 1 if request.mode == "single-line" else limits.max_lines
-        rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s, limits.min_indent)
+        rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s, limits.min_indent,
+                           healed=heal)
         if request.mode == "single-line" and spec.single_line_drafter:
             spec = dataclasses.replace(spec, drafter=spec.single_line_drafter)
         drafter = drafter or self.drafter_for(spec)
@@ -229,9 +234,10 @@ class Engine:
         stats.generated_tokens = len(tokens)
         if tokens and reason != "cancelled":
             self.history.append(tokens)
-        text = rules.cut(self.target.tokenizer.decode(tokens))
+        text = self.target.tokenizer.decode(tokens)
         if heal:  # the healed characters are already in the document
             text = text[len(heal):] if text.startswith(heal) else ""
+        text = rules.cut(text)
         stats.total_s = time.perf_counter() - started
         cancelled = reason == "cancelled"
         return CompletionResult(text, cancelled=cancelled, stop_reason=reason, tokens=tuple(tokens), stats=stats)
@@ -247,8 +253,12 @@ class Engine:
         A cursor after `total += ` ends the prompt with a lone-space token, which a BPE model has
         rarely seen (its text puts the space inside the next word's token, " shape"), so it writes
         something odd. The prompt's last token is taken back and the first generated token must start
-        with its text; the text is removed from the answer again. FIM templates end the prompt with
-        their middle token, and a token holding a newline is left alone (line-based stop rules count it).
+        with its text; the text is removed from the answer again (the stop rules never see it). The
+        commonest case is a cursor on a fresh indented line: BPE writes "\n    return" as "\n   " +
+        " return", so a prompt ending in the token "\n    " is one the model rarely saw; and only
+        healing its last space keeps " return" possible: such a token is replaced by its text minus
+        the last space (when that is one token, "\n   "), and the first token must start with " ".
+        FIM templates end the prompt with their middle token and are left alone.
         """
         if self.template.order != "none" or len(tokens) < 2 or tokens[-1] in self.eos:
             return tokens, "", None
@@ -256,15 +266,20 @@ class Engine:
             self._token_texts = self._vocab_texts()
         heal = self._token_texts[tokens[-1]] if tokens[-1] < len(self._token_texts) else ""
         special = set(self.target.tokenizer.all_special_ids)
-        if not heal or "\n" in heal or "\ufffd" in heal or tokens[-1] in special:
+        if not heal or "\ufffd" in heal or tokens[-1] in special:
             return tokens, "", None
+        tokens = tokens[:-1]
+        if len(heal) > 1 and heal.endswith(" "):
+            head = self.target.tokenizer.encode(heal[:-1], add_special_tokens=False)
+            if len(head) == 1:
+                tokens, heal = tokens + head, " "
         allowed = self._healing.get(heal)
         if allowed is None:
             ids = [i for i, t in enumerate(self._token_texts) if t.startswith(heal) and i not in special]
             allowed = self._healing.setdefault(heal, torch.tensor(ids, dtype=torch.long))
             if len(self._healing) > 4096:
                 self._healing.clear()
-        return tokens[:-1], heal, allowed
+        return tokens, heal, allowed
 
     def _vocab_texts(self) -> list[str]:
         """The text of every id the target's logits cover (a draft's smaller vocabulary may cut them)."""

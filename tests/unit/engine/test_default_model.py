@@ -66,3 +66,16 @@ def test_speculation_equals_plain_greedy(engine):
             engine.forget()
             res = engine.complete(req, threading.Event(), spec)
             assert res.tokens == plain.tokens and res.text == plain.text
+
+
+def test_token_healing_on_a_fresh_indented_line(engine):
+    """SmolLM2 writes "\n    return" as "\n   " + " return": a cursor after "\n    " gets the prompt
+    "...\n   " and a first token that must start with " ", and answers the body, not a blank line."""
+    tok = engine.target.tokenizer
+    req = CompletionRequest(prefix='def area(width, height):\n    """The area of a rectangle."""\n    ',
+                            path="geometry.py", mode="single-line", limits=Limits(max_tokens=16, max_lines=1))
+    tokens, healed, allowed = engine._heal(engine.prompts.build(req).tokens)
+    assert healed == " " and tok.decode(tokens[-1:]) == "\n   "
+    assert all(engine._token_texts[i].startswith(" ") for i in allowed.tolist()[:50])
+    res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
+    assert res.text.startswith("return") and "width" in res.text

@@ -248,9 +248,22 @@ def test_token_healing_on_left_to_right_prompts(model_dirs):
     for drafter in ("ngram", "draft", "hybrid"):  # healing is the same with speculation
         res = eng.complete(req, threading.Event(), SpecConfig(drafter=drafter))
         assert res.tokens == plain.tokens and res.text == plain.text, drafter
-    # FIM templates and a prompt that ends in a newline are left as they are
-    assert engine_heal(eng, tok.encode("x = 1\n", add_special_tokens=False)) == ""
-    fim = load_engine(str(model_dirs["target"]), None, dtype="float32")
+    # a cursor on a fresh indented line: the newline-and-indent token is healed too, and the stop rules
+    # count the answer's lines, not the healed newline (one line asked, one line given)
+    body = CompletionRequest(prefix="def area(width, height):\n    ", path="x.py", mode="single-line",
+                             limits=Limits(max_tokens=12, max_lines=1))
+    ends = eng.prompts.build(body).tokens
+    assert tok.decode(ends[-1:]) == "\n    "  # one newline-and-indent token
+    healed_tokens, healed, _ = eng._heal(list(ends))
+    split = len(tok.encode("\n   ", add_special_tokens=False)) == 1
+    if split:  # it becomes "\n   " in the prompt, and the first token must bring the last space (" return")
+        assert healed == " " and tok.decode(healed_tokens[-1:]) == "\n   " and healed_tokens[:-1] == ends[:-1]
+    else:  # no such token: the whole newline-and-indent is healed
+        assert healed == "\n    " and healed_tokens == ends[:-1]
+    res = eng.complete(body, threading.Event(), SpecConfig(drafter="none"))
+    assert res.stats.prompt_tokens == len(healed_tokens) and tok.decode(res.tokens).startswith(healed)
+    assert res.text and "\n" not in res.text and not res.text.startswith(" ")
+    fim = load_engine(str(model_dirs["target"]), None, dtype="float32")  # FIM templates are left as they are
     assert fim.template.order != "none" and fim._heal(built) == (built, "", None)
 
 
