@@ -47,17 +47,23 @@ DEFAULT_SECRET_NAME_PATTERNS: tuple[str, ...] = (
 # time). Each starts with a literal so that ``re`` can scan for it quickly; a leading ``\b`` is written
 # as a look-behind after that literal (``gh(?<!\wgh)`` is ``\bgh``): a pattern that starts with ``\b``
 # makes the scan of a 300 KB file ~30 ms instead of ~0.1 ms.
+# A group named ``value`` marks what ``files.redact`` hides of a match (the whole match without one);
+# it never changes whether a pattern matches. A private key's value is its base64 body: the lines right
+# after the BEGIN line that hold nothing else (real or JSON-escaped line breaks), up to the END line.
 DEFAULT_SECRET_CONTENT_PATTERNS: tuple[str, ...] = (
-    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----",
+    r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY(?: BLOCK)?-----"
+    r"(?P<value>(?:(?:\s|\\[rn])*(?:[A-Za-z0-9+/]+={0,2}|(?:Proc-Type|DEK-Info):[^\n\\]*)(?=[ \t]*(?:\r?\n|\\[rn]|$)))*)",
     r"A(?<!\wA)(?:KIA|SIA|GPA|IDA|ROA|NPA|NVA)[0-9A-Z]{16}\b",  # AWS access key id
-    r"(?i:aws_secret_access_key)\s*[:=]\s*['\"]?[A-Za-z0-9/+=]{40}",
+    # aws_secret_access_key, any case; found from its last "_" (a case-insensitive first literal makes
+    # `re` try every position: ~100 us instead of ~8 us on a 16 KB window)
+    r"_(?<=(?i:aws_secret_))(?i:access_key)\s*[:=]\s*['\"]?(?P<value>[A-Za-z0-9/+=]{40})",
     r"gh(?<!\wgh)[pousr]_[A-Za-z0-9]{36,255}\b",  # GitHub tokens
     r"github_pat_(?<!\wgithub_pat_)[A-Za-z0-9_]{22,255}\b",
     r"xox(?<!\wxox)[abposr]-[A-Za-z0-9-]{10,}\b",  # Slack tokens
     r"sk-(?<!\wsk-)(?:proj-|ant-)?[A-Za-z0-9_-]{32,}\b",  # OpenAI / Anthropic style keys
     r"AIza(?<!\wAIza)[0-9A-Za-z_-]{35}\b",  # Google API key
     r"glpat-(?<!\wglpat-)[A-Za-z0-9_-]{20,}\b",  # GitLab token
-    r"\"private_key\"\s*:\s*\"-----BEGIN",  # service account json
+    r"\"private_key\"\s*:\s*\"(?P<value>)-----BEGIN",  # service account json (its key: the PRIVATE KEY pattern's value)
 )
 
 ALWAYS_IGNORED_DIRS: tuple[str, ...] = (".git", ".hg", ".svn")

@@ -9,12 +9,13 @@ import os
 import re
 import stat
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pathspec import GitIgnoreSpec
 
-from .config import ALWAYS_IGNORED_DIRS, IndexConfig
+from .config import ALWAYS_IGNORED_DIRS, DEFAULT_SECRET_CONTENT_PATTERNS, IndexConfig
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,58 @@ class SourceFile:
 class WalkResult:
     files: list[FileEntry] = field(default_factory=list)
     skipped: Counter = field(default_factory=Counter)
+
+
+REDACTED = "<redacted>"
+# How far before a slice of text a secret can begin and still reach into it: a private key's body
+# follows its BEGIN line (an 8192-bit RSA key in PEM is ~6.4 KB). Callers scan that much more.
+SECRET_REACH = 8192
+_SECRETS = tuple(re.compile(p) for p in DEFAULT_SECRET_CONTENT_PATTERNS)
+_LINE_CORE = re.compile(r"\S(?:[^\n]*\S)?")  # a line from its first to its last visible character
+
+
+def secret_spans(text: str) -> list[tuple[int, int]]:
+    """The secret values the default content patterns find in ``text``: sorted, disjoint (start, end).
+
+    A pattern's value is its ``value`` group where it has one, else its whole match.
+    """
+    found = sorted(m.span("value") if "value" in p.groupindex else m.span() for p in _SECRETS for m in p.finditer(text))
+    spans: list[tuple[int, int]] = []
+    for start, end in found:
+        if start == end:
+            continue
+        if spans and start <= spans[-1][1]:
+            spans[-1] = (spans[-1][0], max(end, spans[-1][1]))
+        else:
+            spans.append((start, end))
+    return spans
+
+
+def redact_slices(text: str, slices: Sequence[tuple[int, int]]) -> list[str]:
+    """``text[a:b]`` for each slice, with the secret values found in the whole ``text`` replaced.
+
+    Each line of a value (its part inside the slice) becomes ``<redacted>``: line breaks stay, so a
+    redacted text has the line count of the original. Secrets are found in all of ``text``, so a value
+    that starts before a slice or crosses its end is redacted in it too.
+    """
+    spans = secret_spans(text)
+    out = []
+    for a, b in slices:
+        parts, pos = [], a
+        for start, end in spans:
+            start, end = max(start, a), min(end, b)
+            if start >= end:
+                continue
+            parts += [text[pos:start], _LINE_CORE.sub(REDACTED, text[start:end])]
+            pos = end
+        parts.append(text[pos:b])
+        out.append("".join(parts))
+    return out
+
+
+def redact(text: str) -> str:
+    """``text`` with every secret value the index would refuse a file for replaced by ``<redacted>``."""
+    return redact_slices(text, [(0, len(text))])[0]
 
 
 def content_digest(text: str) -> str:

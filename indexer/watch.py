@@ -155,8 +155,11 @@ class _Handler(FileSystemEventHandler):
         self._callback(event)
 
 
-def watch_index(index, debounce_s: float | None = None) -> Watcher:
-    """Start a Watcher wired to an :class:`indexer.Index` (its filter, its cache dir)."""
+def watch_index(index, debounce_s: float | None = None, sink: IndexSink | None = None) -> Watcher:
+    """Start a Watcher for an :class:`indexer.Index`'s roots, with its filter and its cache dir.
+
+    The changes go to ``sink`` (default: the index itself).
+    """
 
     def ignored(path: str) -> bool:
         if path.endswith(os.sep):
@@ -165,7 +168,7 @@ def watch_index(index, debounce_s: float | None = None) -> Watcher:
 
     return Watcher(
         index.roots,
-        index,
+        index if sink is None else sink,
         ignored,
         ignore_dirs=[index.cache_dir],
         debounce_s=index.config.debounce_s if debounce_s is None else debounce_s,

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from engine.types import CompletionRequest, CompletionResult, CompletionStats, Limits, Snippet
+from indexer.files import SECRET_REACH, redact_slices
 from lsp_server import postprocess
 from lsp_server.context import Context, ContextFinder, build_context
 from lsp_server.config import WORKSPACE_FILE, CompletionConfig, Config, IndexConfig, ModelConfig, resolve_config
@@ -80,9 +81,19 @@ def build_request(snap: Snapshot, cfg: CompletionConfig) -> CompletionRequest:
     min_indent = postprocess.scope_min_indent(snap.before) if mode == "multi-line" else -1
     limits = Limits(max_tokens=cfg.max_tokens, max_lines=max_lines, time_budget_s=cfg.time_budget_s,
                     min_indent=min_indent)
+    prefix = prefix_window(snap.before, cfg.prefix_chars, cfg.window_quantum)
+    suffix = suffix_window(snap.after, cfg.suffix_chars)
+    # The model never sees a secret of the open buffer (the index keeps them out of retrieved chunks).
+    # The windows are chosen on the real text, then their secret values redacted, line breaks kept;
+    # the text around them is scanned too (a key body whose BEGIN line is above the window, a token
+    # cut by the cursor). Suggestions still apply to the real buffer (type-through compares snap.before).
+    lo = max(0, len(snap.before) - len(prefix) - SECRET_REACH)
+    cursor = len(snap.before) - lo
+    text = snap.before[lo:] + snap.after[: len(suffix) + 256]  # 256: a token's end past a mid-line cut
+    prefix, suffix = redact_slices(text, [(cursor - len(prefix), cursor), (cursor, cursor + len(suffix))])
     return CompletionRequest(
-        prefix=prefix_window(snap.before, cfg.prefix_chars, cfg.window_quantum),
-        suffix=suffix_window(snap.after, cfg.suffix_chars),
+        prefix=prefix,
+        suffix=suffix,
         uri=snap.uri,
         version=snap.version,
         language=snap.language,
@@ -337,9 +348,16 @@ class IndexHandle:
         self._epoch = 0  # bumped by each open and detach
         self._changes = 0  # touch/remove calls, for generation()
         self._changes_by_path: dict[str, int] = {}
+        self._watcher: Any = None  # indexer.watch.Watcher over the open index's roots
+        self._watch_lock = threading.Lock()
 
-    def open_and_build(self, roots: Sequence[Path], cfg: IndexConfig, progress: Any = None) -> None:
-        """Blocking: run on a worker thread. A `detach` meanwhile makes this run's result moot."""
+    def open_and_build(self, roots: Sequence[Path], cfg: IndexConfig, progress: Any = None,
+                       watch: Any = None) -> None:
+        """Blocking: run on a worker thread. A `detach` meanwhile makes this run's result moot.
+
+        ``watch``: where the roots' changes on disk go (an IndexSink: ``touch(path)``, ``remove(path)``,
+        called on the watcher's thread); None: nothing watches them.
+        """
         self._epoch += 1
         epoch = self._epoch
         index = open_index(roots, cfg)
@@ -351,6 +369,8 @@ class IndexHandle:
             index.close()
             return
         self.index, self.state = index, "building"
+        if watch is not None:  # before the build: a change while it walks is not missed
+            self._start_watching(index, watch, epoch)
         try:
             index.build(progress)
             state = "ready"
@@ -361,10 +381,39 @@ class IndexHandle:
             self.state = state
 
     def detach(self) -> Any:
-        """Forget the current index (the caller closes it); a build still running stops counting."""
-        self._epoch += 1
+        """Forget the current index (the caller closes it); a build still running stops counting.
+
+        Its watcher stops on a thread of its own (joining the observer must not hold up the loop).
+        """
+        watcher = self._stop_watching()
+        if watcher is not None:
+            threading.Thread(target=watcher.stop, name="draftline-watch-stop", daemon=True).start()
         old, self.index, self.state = self.index, None, "none"
         return old
+
+    def _start_watching(self, index: Any, sink: Any, epoch: int) -> None:
+        try:
+            from indexer.watch import watch_index
+
+            watcher = watch_index(index, sink=sink)
+        except Exception as exc:  # e.g. the inotify watch limit: the client's file events still work
+            log.warning("not watching %s for changes on disk: %s", [str(r) for r in index.roots], exc)
+            return
+        with self._watch_lock:
+            if epoch == self._epoch:
+                self._watcher, watcher = watcher, None
+        if watcher is not None:  # detached meanwhile
+            watcher.stop()
+
+    def _stop_watching(self) -> Any:
+        with self._watch_lock:
+            self._epoch += 1
+            watcher, self._watcher = self._watcher, None
+        return watcher
+
+    @property
+    def watching(self) -> bool:
+        return self._watcher is not None
 
     def search(self, query: str, k: int, exclude: str | None = None) -> Sequence[Chunk]:
         return self.index.search(query, k, exclude=exclude) if self.index is not None else []
@@ -407,11 +456,14 @@ class IndexHandle:
         try:
             stats = self.index.stats()
             numbers = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
-            return {"state": self.state, **numbers}
+            return {"state": self.state, "watching": self.watching, **numbers}
         except Exception as exc:
             return {"state": "error", "error": str(exc)}
 
     def close(self) -> None:
+        watcher = self._stop_watching()
+        if watcher is not None:
+            watcher.stop()
         if self.index is not None and hasattr(self.index, "close"):
             self.index.close()
 

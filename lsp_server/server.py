@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import threading
 import time
 import uuid
@@ -76,6 +77,7 @@ class Draftline:
         self.telemetry = Telemetry()
         self.slot = EngineSlot()
         self.index = IndexHandle()  # a Retriever that is empty until the workspace index is open
+        self.disk_changes = DiskChanges()  # the client's file events and our watcher's, deduplicated
         self.roots: list[Path] = []
         self.last_chunks: list[str] = []
         self._overlay_timers: dict[str, asyncio.TimerHandle] = {}  # uri -> pending re-index of its buffer
@@ -210,14 +212,16 @@ class Draftline:
             await progress.start()
         try:
             report = progress.report if progress else None
-            await in_daemon_thread(self.index.open_and_build, list(self.roots), self.config.index, report)
+            watch = WatchSink(loop, self.disk_changed)
+            await in_daemon_thread(self.index.open_and_build, list(self.roots), self.config.index, report, watch)
         finally:
             if progress is not None:
                 progress.end()
 
     async def reindex(self) -> None:
-        """The roots changed: close the old index (off the loop) and index the new roots."""
+        """The roots changed: close the old index and its watcher (off the loop) and index the new roots."""
         old = self.index.detach()
+        self.disk_changes.clear()
         if old is not None and hasattr(old, "close"):
             await in_daemon_thread(old.close)
         await self.start_index()
@@ -260,10 +264,18 @@ class Draftline:
             self.index.touch(path, text)
 
     def file_event(self, event: t.FileEvent) -> None:
+        """The client's ``workspace/didChangeWatchedFiles``."""
         path = to_fs_path(event.uri)
-        if path and event.type == t.FileChangeType.Deleted:
+        if path:
+            self.disk_changed(path, event.type == t.FileChangeType.Deleted)
+
+    def disk_changed(self, path: str, deleted: bool) -> None:
+        """A file changed on disk, as the client or our watcher saw it: the index hears it once."""
+        if not self.disk_changes.is_new(path, deleted):
+            return
+        if deleted:
             self.index.remove(path)
-        elif path:
+        else:
             self.index.touch(path, None)
 
     def set_roots(self, params: t.InitializeParams) -> None:
@@ -304,6 +316,54 @@ class Draftline:
             "roots": [str(r) for r in self.roots],
             "last_chunks": self.last_chunks,
         }
+
+
+class DiskChanges:
+    """Changes on disk reported twice (the client's file watcher and ours) pass once.
+
+    A change is known by the file's state after it (size, mtime, inode; None once deleted): a report
+    that finds the file as the last passed one left it is the other watcher's copy of that change.
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple[int, int, int] | None] = {}
+
+    def is_new(self, path: str, deleted: bool) -> bool:
+        key = os.path.abspath(path)
+        state = None if deleted else _file_state(key)
+        if key in self._seen and self._seen[key] == state:
+            return False
+        self._seen[key] = state
+        return True
+
+    def clear(self) -> None:
+        self._seen.clear()
+
+
+def _file_state(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+@dataclass(frozen=True)
+class WatchSink:
+    """The watcher's changes (from its thread) handed to the loop, where the client's arrive too."""
+
+    loop: asyncio.AbstractEventLoop
+    changed: Any  # (path, deleted) -> None, run on the loop
+
+    def touch(self, path: str) -> None:
+        self._post(path, False)
+
+    def remove(self, path: str) -> None:
+        self._post(path, True)
+
+    def _post(self, path: str, deleted: bool) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the server is exiting
+            self.loop.call_soon_threadsafe(self.changed, os.fsdecode(path), deleted)
 
 
 async def in_daemon_thread(fn: Any, *args: Any) -> None:

@@ -98,3 +98,16 @@ async def test_selected_completion_info_is_extended_over_the_same_range(client: 
     (item,) = items(await client.text_document_inline_completion_async(params))
     assert item.range == selected.range
     assert item.insert_text == "path" + fake_text("x = os.path")
+
+
+async def test_a_secret_in_the_open_buffer_never_reaches_the_model(client: LanguageClient):
+    """The fake engine echoes the last word of what it is given: the key's, redacted; the item is placed
+    at the cursor of the real text."""
+    await initialize(client)
+    doc = "import boto3\nkey_id = 'AKIACANARY0123456789"
+    open_doc(client, doc)
+    pos = end_of(doc)
+    found = items(await client.text_document_inline_completion_async(inline_params(pos)))
+    seen = doc.replace("AKIACANARY0123456789", "<redacted>")
+    assert [i.insert_text for i in found] == [fake_text(seen)]
+    assert "CANARY" not in found[0].insert_text and found[0].range == t.Range(start=pos, end=pos)

@@ -133,3 +133,38 @@ async def test_typing_reindexes_the_buffer_once_typing_pauses(client: LanguageCl
 def _end(text: str) -> t.Position:
     lines = text.split("\n")
     return t.Position(line=len(lines) - 1, character=len(lines[-1]))
+
+
+async def test_the_index_follows_changes_on_disk_without_any_client_notification(client: LanguageClient, tmp_path: Path):
+    """A `git checkout` while the server runs: files appear (in a new directory too), change and go, and
+    the client says nothing (many clients never watch files); the server's own watcher tells the index."""
+    root = workspace(tmp_path)
+    await initialize(client, init_options=index_options(tmp_path), roots=(root,))
+    ready = await wait_for(client, lambda s: s["index"]["state"] == "ready")
+    assert ready["index"]["files"] == 3 and ready["index"]["watching"]
+
+    (root / "feature").mkdir()
+    (root / "feature" / "billing.py").write_text("def compute_invoice_total(lines):\n    return sum(lines)\n")
+    (root / "tax.py").write_text("RATE = 0.2\n")
+    (root / "other.py").unlink()
+    (root / "helpers.py").write_text("def renamed_checksum(data):\n    return sum(data) % 256\n")
+    await wait_for(client, lambda s: s["index"]["files"] == 4 and s["index"]["pending"] == 0, deadline_s=20)
+
+    text = "def invoice(lines):\n    return compute_invoice_total"
+    uri = (root / "main.py").as_uri()
+    open_doc(client, text, uri=uri)
+    await wait_for(client, lambda s: s["index"]["pending"] == 0)
+    assert items(await client.text_document_inline_completion_async(inline_params(end_of(text), uri)))
+    assert any(c.startswith("feature/billing.py:") for c in (await status(client))["last_chunks"])
+
+    # the roots change: the old watcher stops, a new one watches the new root
+    second = tmp_path / "second"
+    second.mkdir()
+    (second / "lib.py").write_text("def shared_helper():\n    return 42\n")
+    change = t.WorkspaceFoldersChangeEvent(added=[t.WorkspaceFolder(uri=second.as_uri(), name="second")],
+                                           removed=[t.WorkspaceFolder(uri=root.as_uri(), name="ws")])
+    client.workspace_did_change_workspace_folders(t.DidChangeWorkspaceFoldersParams(event=change))
+    await wait_for(client, lambda s: s["roots"] == [str(second)] and s["index"]["state"] == "ready"
+                   and s["index"]["files"] == 1 and s["index"]["watching"])
+    (second / "more.py").write_text("def more():\n    return 1\n")
+    await wait_for(client, lambda s: s["index"]["files"] == 2, deadline_s=20)

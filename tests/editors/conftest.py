@@ -8,6 +8,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("DRAFTLINE_EDITORS_CACHE", Path.home() / ".cache" / "draftline-editors"))
 PY = sys.executable
@@ -33,3 +35,41 @@ def nvim_012() -> str | None:
 
 def which(name: str) -> str | None:
     return shutil.which(name)
+
+
+# --- CI: an editor that failed to install must not pass silently -------------------------------------
+# .ci/run installs the editors best-effort, and every skip in this folder means "that editor, Node or
+# code-server is not installed". Under CI=true such a skip fails the run instead, and the run ends with
+# a one-line count of the editor tests that ran.
+
+SKIP_FAILS = os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+_OUTCOMES = pytest.StashKey[dict[str, str]]()
+
+
+def _outcomes(config: pytest.Config) -> dict[str, str]:
+    return config.stash.setdefault(_OUTCOMES, {})
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    seen = _outcomes(item.config)
+    if report.skipped and not hasattr(report, "wasxfail"):
+        seen[item.nodeid] = "skipped"
+        if SKIP_FAILS:
+            reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            report.outcome = "failed"
+            report.longrepr = f"CI=true: an editor test may not skip (is its editor installed?): {reason}"
+    elif report.failed:
+        seen[item.nodeid] = "failed"
+    elif report.when == "call":
+        seen.setdefault(item.nodeid, "passed")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    seen = _outcomes(config)
+    counts = {k: sum(v == k for v in seen.values()) for k in ("passed", "failed", "skipped")}
+    terminalreporter.write_line(
+        f"editor tests: {counts['passed'] + counts['failed']} run ({counts['passed']} passed, {counts['failed']} failed), "
+        f"{counts['skipped']} skipped{' (CI=true: each skip failed the run)' if SKIP_FAILS and counts['skipped'] else ''}")

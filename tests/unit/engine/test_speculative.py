@@ -156,23 +156,24 @@ def test_cancel_during_propose_runs_no_further_target_forward(llama, at):
 def test_cancel_during_verify_stops_before_the_next_step(llama):
     event = threading.Event()
     lm = cached(llama)
-    forwards_at_set = []
+    forwards_at_set, draft_forwards_at_set = [], []
     original = lm.forward
+    draft_lm = cached(tiny_model("llama", seed=7, layers=1, hidden=16))
 
     def forward(tokens, keep_logits=None):
         out = original(tokens, keep_logits)
         if lm.forwards == 3:
             event.set()
             forwards_at_set.append(lm.forwards)
+            draft_forwards_at_set.append(draft_lm.forwards)
         return out
 
     lm.forward = forward
-    draft_lm = cached(tiny_model("llama", seed=7, layers=1, hidden=16))
     drafter = ModelDrafter(draft_lm)
     _, reason = generate(lm, _prompts(96, 1)[0], drafter, max_new_tokens=200, cancel=event)
     assert reason == "cancelled" and lm.forwards == forwards_at_set[0]
-    draft_forwards = draft_lm.forwards
-    assert draft_forwards > 0  # and none of them came after the event: propose is checked first
+    assert draft_forwards_at_set[0] > 0  # the drafter did run before the event ...
+    assert draft_lm.forwards == draft_forwards_at_set[0]  # ... and never after it: propose is checked first
 
 
 @pytest.mark.parametrize("backend", ["lean", "transformers"])
@@ -250,3 +251,81 @@ def test_growing_gamma_doubles_on_full_acceptance_and_halves_on_a_rejection():
     assert seen == [8, 16, 16, 8, 4, 2, 2]
     g.update(0, 0)  # nothing proposed: no evidence either way
     assert g.gamma([]) == 2
+
+
+def _gamma_after(policy, steps, out=()):
+    for accepted, proposed in steps:
+        policy.update(accepted, proposed)
+    return policy.gamma(list(out))
+
+
+@pytest.mark.parametrize("steps, expected", [
+    ((), 5),  # no evidence yet: the initial value
+    (((0, 0),), 5),  # nothing proposed: no evidence either way
+    (((5, 5),), 8),  # acceptance 1.0 -> round(10) -> capped at 8
+    (((0, 5),), 2),  # acceptance 0.0 -> 0 -> raised to 2
+    (((1, 10),), 2),  # 0.1 -> 1 -> raised to 2
+    (((3, 10),), 3),
+    (((3, 5),), 6),
+    (((7, 10),), 7),
+    (((4, 4), (0, 6)), 4),  # tokens over the window (4/10), not the mean of per-step rates (0.5)
+    (((0, 5), (0, 5), (5, 5), (5, 5)), 5),  # window 8: every step still counts, 10/20
+])
+def test_adaptive_gamma_values(steps, expected):
+    """min(8, max(2, round(acceptance * 10))), acceptance = accepted / proposed tokens over the window."""
+    assert _gamma_after(AdaptiveGamma(initial=5, window=8), steps) == expected
+
+
+def test_adaptive_gamma_forgets_steps_older_than_its_window():
+    g = AdaptiveGamma(initial=5, window=2)
+    assert _gamma_after(g, ((0, 5), (0, 5))) == 2
+    assert _gamma_after(g, ((5, 5), (5, 5))) == 8  # the two rejections left the window
+
+
+@pytest.mark.parametrize("depth, steps, expected", [
+    (0, (), 5),  # shallow, no evidence: the initial value
+    (5, (), 5),  # depth 5 is not deep
+    (6, (), 3),  # deeper than 5 -> 3
+    (6, ((5, 5),), 3),  # depth wins over a perfect acceptance
+    (0, ((2, 5),), 3),  # acceptance 0.4 < 0.5 -> 3 (the seed rule would say 4)
+    (0, ((5, 10),), 5),  # exactly 0.5: the seed rule, round(5)
+    (0, ((3, 5),), 6),  # 0.6: the seed rule
+    (0, ((8, 10),), 8),  # exactly 0.8: the seed rule, round(8)
+    (0, ((9, 10),), 7),  # > 0.8 -> 7 (the seed rule would say 8)
+    (0, ((5, 5),), 7),  # 1.0 -> 7, not the seed's cap of 8
+])
+def test_ast_gamma_values(depth, steps, expected):
+    from engine.speculative import AstAdaptiveGamma
+
+    seen = []
+    policy = AstAdaptiveGamma(lambda out: seen.append(list(out)) or depth, initial=5, window=8)
+    assert _gamma_after(policy, steps, out=[11, 12]) == expected
+    assert seen == [[11, 12]]  # the depth is asked about the tokens generated so far
+
+
+def test_engine_gamma_policy_builds_each_schedule_from_the_config():
+    """Engine._gamma_policy: the schedule names map to the policies, with the configured values, and
+    the ast policy measures depth on the prefix window plus the decoded tokens."""
+    from types import SimpleNamespace
+
+    from engine.engine import Engine
+    from engine.speculative import AstAdaptiveGamma, GrowingGamma
+    from engine.types import CompletionRequest, SpecConfig
+
+    decoded = {(): "", (1,): "[{1: (2, [3, "}
+    fake = SimpleNamespace(target=SimpleNamespace(tokenizer=SimpleNamespace(decode=lambda ids: decoded[tuple(ids)])))
+    request = CompletionRequest(prefix="x = 0\ndef f(a):\n    return g(h(", language="python")
+    window = len("def f(a):\n    return g(h(")  # the chars of the prefix that are in the prompt
+
+    def policy(schedule, **kw):
+        return Engine._gamma_policy(fake, SpecConfig(schedule=schedule, **kw), request, window)
+
+    fixed = policy("fixed", gamma=4)
+    assert isinstance(fixed, FixedGamma) and _gamma_after(fixed, ((0, 4),)) == 4
+    assert isinstance(policy("grow"), GrowingGamma)
+    adaptive = policy("adaptive", gamma=6, window=3)
+    assert type(adaptive) is AdaptiveGamma and adaptive.gamma([]) == 6 and adaptive.recent.maxlen == 3
+    ast = policy("ast", gamma=6, window=3)
+    assert isinstance(ast, AstAdaptiveGamma) and ast.recent.maxlen == 3
+    assert ast.gamma([]) == 6  # depth 3 at `g(h(`: not deep, no evidence -> the initial value
+    assert ast.gamma([1]) == 3  # the generated `[{1: (2, [3, ` takes it to depth 7 -> 3

@@ -67,6 +67,65 @@ def test_secret_content_skipped(workspace, content):
     assert src is not None and reason is None
 
 
+# Canary secrets: one of each shape the content patterns know (none of them is a real credential).
+PEM_BODY = ["MIIEpAIBAAKCAQEAcanaryPemLine1xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx",
+            "Zm9vYmFyY2FuYXJ5UGVtTGluZTJ4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4eHh4",
+            "Q2FuYXJ5TGFzdA=="]
+CANARIES = {
+    "aws_id": "AKIACANARY0123456789",
+    "aws_secret": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYCANARY0KEY",
+    "github": "ghp_" + "C4n4ry" * 6,
+    "github_pat": "github_pat_" + "C4n4ry_" * 4,
+    "slack": "xoxb-1234-C4n4ry-5678",
+    "openai": "sk-proj-" + "C4n4ryC4n4ry" * 3,
+    "google": "AIza" + "C4n4ry_-" * 4 + "abc",
+    "gitlab": "glpat-" + "C4n4ry-" * 3,
+}
+SECRET_DOC = "\n".join([
+    "import os",
+    "-----BEGIN RSA PRIVATE KEY-----", *PEM_BODY, "-----END RSA PRIVATE KEY-----",
+    f"AWS_ID = '{CANARIES['aws_id']}'",
+    f"aws_secret_access_key = \"{CANARIES['aws_secret']}\"",
+    f"TOKENS = ['{CANARIES['github']}', '{CANARIES['github_pat']}', '{CANARIES['slack']}']",
+    f"KEYS = {{'openai': '{CANARIES['openai']}', 'google': '{CANARIES['google']}', 'gitlab': '{CANARIES['gitlab']}'}}",
+    '{"private_key": "-----BEGIN PRIVATE KEY-----\\n' + "\\n".join(PEM_BODY) + '\\n-----END PRIVATE KEY-----\\n"}',
+    'HEADER = "-----BEGIN RSA PRIVATE KEY-----"  # code about keys is no key',
+    "def main():",
+    "    return os.environ['HOME']",
+    "",
+])
+
+
+def test_redact_hides_every_canary_and_keeps_the_rest():
+    from indexer.files import redact
+
+    out = redact(SECRET_DOC)
+    for secret in [*CANARIES.values(), *PEM_BODY]:
+        assert secret in SECRET_DOC and secret not in out, secret
+    assert out.count("\n") == SECRET_DOC.count("\n")  # line breaks stay: line numbers still match
+    assert out.splitlines()[1:6] == ["-----BEGIN RSA PRIVATE KEY-----", "<redacted>", "<redacted>", "<redacted>",
+                                     "-----END RSA PRIVATE KEY-----"]
+    assert f"AWS_ID = '<redacted>'" in out and 'aws_secret_access_key = "<redacted>"' in out
+    assert '{"private_key": "-----BEGIN PRIVATE KEY-----<redacted>\\n-----END PRIVATE KEY-----\\n"}' in out
+    kept = [line for line in SECRET_DOC.splitlines() if line.startswith(("import", "HEADER", "def", "    return"))]
+    assert all(line in out.splitlines() for line in kept)  # no value there: untouched
+    assert redact("x = 1\n") == "x = 1\n"
+    assert FileFilter([Path("/")], IndexConfig()).content_is_secret(SECRET_DOC)  # the patterns the index uses
+
+
+def test_redact_slices_finds_values_that_start_before_or_cross_a_slice():
+    from indexer.files import redact_slices
+
+    text = "-----BEGIN EC PRIVATE KEY-----\n" + "\n".join(PEM_BODY) + "\n-----END EC PRIVATE KEY-----\nk = 'AKIACANARY0123456789'\n"
+    body_start = text.index(PEM_BODY[1])  # a slice starting inside the body: its BEGIN line is outside
+    cursor = text.index("CANARY0123")  # and a slice boundary inside a token
+    head, tail = redact_slices(text, [(body_start, cursor), (cursor, len(text))])
+    assert head.startswith("<redacted>\n<redacted>\n-----END EC PRIVATE KEY-----\nk = '<redacted>")
+    assert tail == "<redacted>'\n"
+    assert not any(p in head + tail for p in PEM_BODY) and "CANARY" not in head + tail
+    assert redact_slices(text, [(body_start, body_start)]) == [""]
+
+
 def test_binary_huge_non_utf8_unreadable(workspace, caplog):
     binary = write(workspace, "blob.py", b"\x00\x01\x02abc")
     huge = write(workspace, "huge.py", "x = 1\n" * 400)

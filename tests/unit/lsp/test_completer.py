@@ -156,3 +156,71 @@ def test_cli_complete_prompt_shows_what_the_model_gets(tmp_path, capsys, monkeyp
     # the tiny pair's suffix-prefix-middle format, special tokens as the model sees them, the path and the window
     assert "<|fim_suffix|>" in prompt and "<|fim_prefix|>" in prompt and prompt.rstrip().endswith("<|fim_middle|>")
     assert "a.py" in prompt and "def add(a, b):\n    return a" in prompt
+
+
+class RecordingEngine(FakeEngine):
+    """The fake engine that keeps every request it was given (what the model would see)."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.requests = []
+
+    def complete(self, request, cancel):
+        self.requests.append(request)
+        return super().complete(request, cancel)
+
+
+def test_the_engine_never_sees_a_secret_of_the_open_buffer():
+    from tests.unit.indexer.test_files import CANARIES, PEM_BODY, SECRET_DOC
+
+    cursor = SECRET_DOC.index("C4n4ryC4n4ry")  # inside the OpenAI-style key: the secret crosses the cursor
+    filler = "".join(f"pad_{i} = {i}\n" for i in range(40))
+    for cfg in (CompletionConfig(), CompletionConfig(prefix_chars=400, suffix_chars=300, window_quantum=0)):
+        for before, after in ((SECRET_DOC[:cursor], SECRET_DOC[cursor:]), (SECRET_DOC + filler, ""),
+                              (filler, SECRET_DOC)):
+            engine = RecordingEngine()
+            s = snap(before, after)
+            Completer(engine, cfg).complete(build_request(s, cfg), threading.Event())
+            (request,) = engine.requests
+            seen = request.prefix + "\x00" + request.suffix
+            for secret in [*CANARIES.values(), *PEM_BODY]:
+                assert secret not in seen, (secret, cfg.prefix_chars, len(before))
+            real_prefix = prefix_window(before, cfg.prefix_chars, cfg.window_quantum)
+            assert request.prefix.count("\n") == real_prefix.count("\n")  # same lines, so same window
+            assert request.suffix.count("\n") == suffix_window(after, cfg.suffix_chars).count("\n")
+    # a window that starts inside a key body (its BEGIN line above the window) is still redacted
+    cfg = CompletionConfig(prefix_chars=120, window_quantum=0)
+    body_end = SECRET_DOC.index("-----END RSA")
+    request = build_request(snap(SECRET_DOC[:body_end]), cfg)
+    assert "BEGIN" not in request.prefix and request.prefix.endswith("<redacted>\n<redacted>\n")
+
+
+def test_redaction_keeps_the_prompt_stable_while_a_secret_is_typed():
+    """Typing a key at the cursor changes the prompt only on the cursor's line; once the key is whole it
+    is redacted, and further typing only appends (the prompt stays a function of the text)."""
+    cfg = CompletionConfig()
+    head = "import boto3\n\nsession = boto3.Session(\n    aws_access_key_id='"
+    key = "AKIACANARY0123456789"
+    prompts = [build_request(snap(head + key[:n], "')\n"), cfg).prefix for n in range(len(key) + 1)]
+    line_start = head.rindex("\n") + 1
+    assert all(p[:line_start] == head[:line_start] for p in prompts)  # lines above: never touched
+    assert all(p == head + key[:n] for n, p in enumerate(prompts[:-1]))  # no key shape yet: as typed
+    assert prompts[-1] == head + "<redacted>"
+    typed_on = build_request(snap(head + key + "', aws_secret_access_key=s", ""), cfg).prefix
+    assert typed_on == head + "<redacted>', aws_secret_access_key=s"
+    assert build_request(snap(head + key, "')\n"), cfg) == build_request(snap(head + key, "')\n"), cfg)
+
+
+def test_suggestions_apply_to_the_real_buffer_after_a_redacted_secret():
+    """The model sees `<redacted>`, but type-through, post-processing and the item use the real text."""
+    cfg = CompletionConfig()
+    before = "client = Client(key='AKIACANARY0123456789', "
+    first = snap(before, ")\n")
+    request = build_request(first, cfg)
+    assert request.prefix == "client = Client(key='<redacted>', "
+    completion = Completer(FakeEngine(text="region='eu-west-1')"), cfg).complete(request, threading.Event())
+    assert completion.text == "region='eu-west-1'"  # the suffix's `)` is dropped as usual
+    cache = SuggestionCache()
+    cache.remember(first, request, completion.text)
+    typed = snap(before + "regi", ")\n")
+    assert cache.lookup(typed, build_request(typed, cfg)) == ("on='eu-west-1'", "type-through")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -11,26 +12,42 @@ from lsp_server.scheduler import Scheduler
 
 
 class StepJob:
-    """A generation of ``steps`` steps that checks its token before each, like the engines do."""
+    """A fake generation of ``steps`` steps that checks its token before each, as the engines do.
 
-    def __init__(self, steps: int = 1000, started: threading.Event | None = None, gate: threading.Event | None = None):
-        self.steps, self.done_steps, self.steps_after_cancel = steps, 0, 0
-        self.started = started or threading.Event()
-        self.gate = gate  # steps wait for it (lets a test hold a generation mid-flight)
+    The count that matters is ``steps_after_cancel``: the steps that *began* after the test asked
+    for the cancel (``cancel_requested()``, called just before the edit, the newer request or the
+    ``$/cancelRequest``). It does not trust the token it is testing: when the scheduler fails to set
+    it, every remaining step counts. ``hold`` parks the job inside its first step until the test
+    calls ``release()``, so the cancel is asked while exactly one step is in flight, with no race.
+    """
+
+    def __init__(self, steps: int = 1000, hold: bool = False, step_s: float = 0.0):
+        self.steps, self.step_s = steps, step_s
+        self.done_steps, self.steps_after_cancel = 0, 0
+        self.started = threading.Event()  # the job is inside its first step
+        self.requested = threading.Event()
+        self._released = threading.Event()
+        if not hold:
+            self._released.set()
+
+    def cancel_requested(self) -> None:
+        self.requested.set()
+
+    def release(self) -> None:
+        self._released.set()
 
     def __call__(self, cancel: threading.Event) -> str:
-        self.started.set()
-        cancelled_seen = False
         for _ in range(self.steps):
             if cancel.is_set():
                 return "cancelled"
-            if self.gate is not None:
-                self.gate.wait(0.01)
-            self.done_steps += 1
-            if cancel.is_set() and not cancelled_seen:
-                cancelled_seen = True
-            elif cancelled_seen:
+            if self.requested.is_set():
                 self.steps_after_cancel += 1
+            self.started.set()
+            if not self._released.wait(30):  # a generous bound: a forgotten release() fails, never hangs
+                raise AssertionError("the test never released the job")
+            if self.step_s:
+                time.sleep(self.step_s)  # a slow step: lets concurrent submissions overlap if they can
+            self.done_steps += 1
         return "done"
 
 
@@ -55,14 +72,17 @@ async def test_job_runs_and_returns(scheduler: Scheduler):
 
 
 async def test_latest_wins_per_document(scheduler: Scheduler):
-    gate = threading.Event()
-    first = StepJob(gate=gate)
+    first = StepJob(hold=True)
     running = asyncio.ensure_future(scheduler.submit("doc", first))
     await wait_event(first.started)
+    first.cancel_requested()
     second = asyncio.ensure_future(scheduler.submit("doc", StepJob(steps=2)))
-    assert await running == "cancelled"  # the newer request for the same document set its token
+    await asyncio.sleep(0)  # the second submit runs up to its first await: it has set the first's token
+    first.release()
+    result = await running
+    assert first.steps_after_cancel == 0 and first.done_steps == 1  # only the step in flight finished
+    assert result == "cancelled"  # the newer request for the same document set its token
     assert await second == "done"
-    assert first.steps_after_cancel == 0
 
 
 async def test_superseded_during_debounce_never_starts(scheduler: Scheduler):
@@ -75,28 +95,33 @@ async def test_superseded_during_debounce_never_starts(scheduler: Scheduler):
 
 
 async def test_edit_cancel_stops_within_one_step(scheduler: Scheduler):
-    job = StepJob(gate=threading.Event())
+    job = StepJob(hold=True)
     fut = asyncio.ensure_future(scheduler.submit("doc", job))
     await wait_event(job.started)
+    job.cancel_requested()
     scheduler.cancel("doc")
-    assert await fut == "cancelled"
-    assert job.steps_after_cancel == 0 and job.done_steps < job.steps
+    job.release()
+    result = await fut
+    assert job.steps_after_cancel == 0 and job.done_steps == 1
+    assert result == "cancelled"
 
 
 async def test_task_cancellation_sets_the_token_and_reraises(scheduler: Scheduler):
-    job = StepJob(gate=threading.Event())
+    job = StepJob(hold=True)
     fut = asyncio.ensure_future(scheduler.submit("doc", job))
     await wait_event(job.started)
+    job.cancel_requested()
     fut.cancel()  # what pygls does on $/cancelRequest
     with pytest.raises(asyncio.CancelledError):
-        await fut
-    assert scheduler.stats.cancelled == 1
-    assert await scheduler.submit("other", StepJob(steps=1)) == "done"  # the thread is free again
-    assert job.steps_after_cancel == 0
+        await fut  # raises as soon as the coroutine handled it, while the job is still held
+    job.release()
+    other = await scheduler.submit("other", StepJob(steps=1))  # runs once the held job has returned
+    assert job.steps_after_cancel == 0 and job.done_steps == 1
+    assert other == "done" and scheduler.stats.cancelled == 1  # the thread is free again
 
 
 async def test_at_most_one_generation_runs(scheduler: Scheduler):
-    jobs = [StepJob(steps=4, gate=threading.Event()) for _ in range(12)]
+    jobs = [StepJob(steps=4, step_s=0.002) for _ in range(12)]
     results = await asyncio.gather(*(scheduler.submit(f"doc{i}", j) for i, j in enumerate(jobs)))
     assert results == ["done"] * 12
     assert scheduler.stats.max_in_flight == 1 and scheduler.stats.started == 12
