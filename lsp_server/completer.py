@@ -45,6 +45,13 @@ class Engine(Protocol):
 
 def make_engine(model: ModelConfig) -> Engine:
     """The engine configuration asks for (slow for real models: call off the event loop)."""
+    remote = model.remote
+    if remote not in (None, False) and not (isinstance(remote, Mapping) and remote.get("url") == ""):  # url "": off
+        from engine.remote import load_remote
+
+        if not isinstance(remote, Mapping) or remote.get("fallback") != "local":
+            return load_remote(remote)  # ValueError for a bad table: the server shows it as a load failure
+        return load_remote(remote, fallback=make_engine(replace(model, remote=None)))
     if model.target == "fake":
         if model.fake_fail_load:
             raise RuntimeError("fake engine configured to fail loading")

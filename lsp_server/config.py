@@ -29,6 +29,9 @@ class ModelConfig:
     fake_step_s: float = 0.0  # FakeEngine: seconds per step (cancellation tests)
     fake_text: str | None = None  # FakeEngine: fixed completion text
     fake_fail_load: bool = False  # FakeEngine: raise while loading (load-failure tests)
+    # an OpenAI-compatible server instead (engine/remote.py): { url, model, api_key_env, timeout_ms,
+    # fallback = "none" | "local", allow_insecure, template, fim, prompt_chars }; None or url = "" = local
+    remote: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -96,12 +99,23 @@ def resolve_config(
 ) -> Config:
     """defaults < user TOML < workspace TOML(s) < initializationOptions < didChangeConfiguration."""
     layers: list[Mapping[str, Any]] = [read_toml(user_file or user_config_path())]
-    layers += [read_toml(root / WORKSPACE_FILE) for root in workspace_roots]
+    layers += [_without_remote(read_toml(root / WORKSPACE_FILE), root) for root in workspace_roots]
     layers += [_unwrap(init_options), _unwrap(client_settings)]
     merged: dict[str, Any] = {}
     for layer in layers:
         _deep_merge(merged, layer)
     return _build(Config, merged)
+
+
+def _without_remote(layer: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A workspace file may not choose the remote server: a cloned repository could otherwise send
+    the user's code, and the key an environment variable holds, to a host of its choosing."""
+    model = layer.get("model")
+    if isinstance(model, dict) and "remote" in model:
+        log.warning("%s: ignoring model.remote (set it in the user config or the editor's settings)",
+                    root / WORKSPACE_FILE)
+        layer = {**layer, "model": {k: v for k, v in model.items() if k != "remote"}}
+    return layer
 
 
 def _unwrap(layer: Mapping[str, Any] | None) -> Mapping[str, Any]:

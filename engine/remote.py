@@ -1,0 +1,458 @@
+"""RemoteEngine.complete(request, cancel): an OpenAI-compatible /v1/completions server, streamed.
+
+The seam is Engine's: same request, same result, same stop rules (engine.stops._StopRules, fed the
+streamed text pieces instead of token ids). The prompt is built here, with the model family's FIM
+template (engine.prompt), and sent as text: no tokenizer is needed, so the prompt is budgeted in
+characters (``prompt_chars``), not tokens. vLLM rejects the OpenAI ``suffix`` parameter for almost
+every model and llama.cpp's /v1/completions ignores it, so the FIM tokens are written into the
+prompt; ``fim = "suffix"`` sends prefix and suffix apart, for servers that render FIM themselves.
+
+httpx (sync) because the engine thread is a plain thread: a pooled Client keeps connections alive
+between requests, and its streamed response hands over SSE lines as they arrive. A keystroke (the
+cancel event) or the deadline shuts the stream's socket from a small watcher thread, so a read
+blocked on a silent server returns at once; the server sees the disconnect and stops generating.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Protocol
+
+import httpx
+
+from engine.prompt import TEMPLATES, FimTemplate, PromptBudget, PromptBuilder
+from engine.stops import _StopRules
+from engine.types import CompletionRequest, CompletionResult, CompletionStats
+
+log = logging.getLogger(__name__)
+
+WATCH_POLL_S = 0.005  # how often the watcher looks at the cancel event and the deadline
+FAILURES = ("timeout", "http", "connection", "protocol")
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """``model.remote`` in the configuration."""
+
+    url: str  # the server's base URL (".../v1" or ".../v1/completions" also work)
+    model: str = ""  # the served model's name (vLLM needs it; llama-server takes anything)
+    api_key_env: str = ""  # the NAME of an environment variable holding the key (sent as Bearer)
+    timeout_ms: float = 5000.0  # the whole request, connect to last token; on it: what came, or fallback
+    fallback: str = "none"  # none (answer empty) | local (the model.target engine answers)
+    allow_insecure: bool = False  # permit http:// to a host that is not loopback
+    template: str = "auto"  # a family from engine.prompt.TEMPLATES; auto: from the model name
+    fim: str = "template"  # template: FIM tokens in the prompt | suffix: the OpenAI `suffix` parameter
+    prompt_chars: int = 12000  # prompt budget in characters (no tokenizer client-side)
+    pause_after: int = 3  # consecutive failures after which the server is left alone for pause_s
+    pause_s: float = 10.0
+
+
+def parse_remote(table: Mapping[str, Any]) -> RemoteConfig:
+    """A RemoteConfig from the configuration table; anything wrong is a ValueError saying what."""
+    if not isinstance(table, Mapping):
+        raise ValueError(f"model.remote must be a table, not {table!r}")
+    if "api_key" in table:
+        raise ValueError("model.remote.api_key is not read: put the key in an environment variable and "
+                         "name that variable in model.remote.api_key_env")
+    known = {f.name: f for f in fields(RemoteConfig)}
+    if unknown := sorted(set(table) - set(known)):
+        raise ValueError(f"model.remote: unknown key(s) {', '.join(unknown)}; known: {', '.join(known)}")
+    if not isinstance(table.get("url"), str) or not table["url"]:
+        raise ValueError("model.remote.url is required (e.g. \"http://127.0.0.1:8000\")")
+    defaults = RemoteConfig(url="")
+    values: dict[str, Any] = {}
+    for name, value in table.items():
+        default = getattr(defaults, name)
+        ok = isinstance(value, type(default)) or (isinstance(default, float) and isinstance(value, int))
+        if not ok or (isinstance(value, bool) and not isinstance(default, bool)):
+            raise ValueError(f"model.remote.{name} must be a {type(default).__name__}, not {value!r}")
+        values[name] = float(value) if isinstance(default, float) else value
+    cfg = RemoteConfig(**values)
+    if cfg.fallback not in ("none", "local"):
+        raise ValueError(f"model.remote.fallback must be \"none\" or \"local\", not {cfg.fallback!r}")
+    if cfg.fim not in ("template", "suffix"):
+        raise ValueError(f"model.remote.fim must be \"template\" or \"suffix\", not {cfg.fim!r}")
+    if cfg.template not in ("auto", *TEMPLATES):
+        raise ValueError(f"model.remote.template must be auto or one of {', '.join(TEMPLATES)}, not {cfg.template!r}")
+    if cfg.timeout_ms <= 0 or cfg.prompt_chars < 256:
+        raise ValueError("model.remote.timeout_ms must be > 0 and prompt_chars >= 256")
+    return cfg
+
+
+def completions_url(url: str, allow_insecure: bool = False) -> str:
+    """The /v1/completions endpoint of a base URL; refuses cleartext to a host that is not loopback."""
+    try:
+        parsed = httpx.URL(url)
+    except Exception as exc:
+        raise ValueError(f"model.remote.url {url!r} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"model.remote.url must be http(s)://host[:port][/path], not {url!r}")
+    if parsed.scheme == "http" and not is_loopback(parsed.host) and not allow_insecure:
+        raise ValueError(f"refusing http:// to {parsed.host}: code and API key would travel unencrypted; "
+                         "use https, or set model.remote.allow_insecure = true on a network you trust")
+    path = parsed.path.rstrip("/")
+    if not path.endswith("/completions"):
+        path += "/completions" if path.endswith("/v1") else "/v1/completions"
+    return str(parsed.copy_with(path=path))
+
+
+def is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a name: not resolved here (one that points at loopback is still refused)
+
+
+def template_for(cfg: RemoteConfig) -> FimTemplate:
+    """The configured family, else the one whose name is in the model's (plain when none is)."""
+    if cfg.template != "auto":
+        return TEMPLATES[cfg.template]
+    name = cfg.model.lower()
+    return next((t for family, t in TEMPLATES.items() if family in name and family != "plain"), TEMPLATES["plain"])
+
+
+class CharTokenizer:
+    """What PromptBuilder asks of a tokenizer, with one "token" per character (budgets in characters)."""
+
+    bos_token = None
+    eos_token_id = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return [ord(c) for c in text]
+
+    def __call__(self, text: str, add_special_tokens: bool = False, return_offsets_mapping: bool = False) -> dict:
+        return {"offset_mapping": [(i, i + 1) for i in range(len(text))]}
+
+    def convert_tokens_to_ids(self, token: str) -> int:
+        return 0  # a special token counts as one character of the budget
+
+    def get_vocab(self) -> dict[str, int]:
+        return {}
+
+
+class _Pieces:
+    """The streamed text pieces posing as token ids, so _StopRules runs on them unchanged."""
+
+    def __init__(self) -> None:
+        self.items: list[str] = []
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(self.items[i] for i in ids)
+
+    def ids(self) -> list[int]:
+        return list(range(len(self.items)))
+
+
+class LocalEngine(Protocol):
+    def complete(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult: ...
+
+
+class RemoteFailure(Exception):
+    """A request that produced no usable answer; ``kind`` is one of FAILURES."""
+
+    def __init__(self, kind: str, detail: str):
+        super().__init__(f"{kind}: {detail}")
+        self.kind, self.detail = kind, detail
+
+
+@dataclass
+class RemoteStatus:
+    """Counters and state shown by ``draftline/status`` (engine.status())."""
+
+    state: str = "unknown"  # unknown (nothing sent yet) | ok | failing | paused
+    requests: int = 0
+    answered: int = 0
+    cancelled: int = 0
+    fallbacks: int = 0
+    failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURES, 0))
+    consecutive_failures: int = 0
+    last_error: str = ""
+
+
+class _Watch:
+    """Shuts the stream's socket once `cancel` is set or the deadline passes, so a blocked read returns."""
+
+    def __init__(self, cancel: threading.Event, deadline: float):
+        self.cancel, self.deadline = cancel, deadline
+        self.fired = ""  # "" | cancelled | timeout
+        self._sock: socket.socket | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="draftline-remote-watch", daemon=True)
+        self._thread.start()
+
+    def trace(self, event: str, info: dict) -> None:
+        """httpcore's trace hook: a new connection's socket is known before any response header."""
+        if event == "connection.connect_tcp.complete" and info.get("return_value") is not None:
+            self.attach(info["return_value"].get_extra_info("socket"))
+
+    def attach(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            self._sock = sock
+            if self.fired:
+                self._shut()
+
+    def stop(self) -> None:
+        self._done.set()
+
+    def _run(self) -> None:
+        while not self._done.wait(WATCH_POLL_S):
+            if self.cancel.is_set() or time.monotonic() >= self.deadline:
+                with self._lock:
+                    self.fired = "cancelled" if self.cancel.is_set() else "timeout"
+                    self._shut()
+                return
+
+    def _shut(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a recv() blocked in another thread
+            except OSError:
+                pass
+
+
+class RemoteEngine:
+    """Completes on a remote OpenAI-compatible server; one caller thread at a time (the engine thread)."""
+
+    def __init__(self, cfg: RemoteConfig, fallback: LocalEngine | None = None, environ: Mapping[str, str] | None = None):
+        self.cfg = cfg
+        self.endpoint = completions_url(cfg.url, cfg.allow_insecure)
+        environ = os.environ if environ is None else environ
+        headers = {"Accept": "text/event-stream"}
+        if cfg.api_key_env:
+            key = environ.get(cfg.api_key_env, "")
+            if not key:
+                raise ValueError(f"model.remote.api_key_env names {cfg.api_key_env}, which is not set in the environment")
+            headers["Authorization"] = f"Bearer {key}"
+        if cfg.fallback == "local" and fallback is None:
+            raise ValueError("model.remote.fallback = \"local\" needs a local engine")
+        self.fallback = fallback
+        family = template_for(cfg)
+        self.template = replace(family, order="none") if cfg.fim == "suffix" else family
+        self.prompts = PromptBuilder(self.template, CharTokenizer(), PromptBudget(total=cfg.prompt_chars))
+        # trust_env=False: no proxy variables (loopback must stay loopback) and no credentials from ~/.netrc
+        self.client = httpx.Client(headers=headers, trust_env=False, timeout=cfg.timeout_ms / 1e3,
+                                   limits=httpx.Limits(max_keepalive_connections=4, keepalive_expiry=60.0))
+        self.stats = RemoteStatus()
+        self._paused_until = 0.0
+        self.last_prompt = ""
+
+    # -- the seam ----------------------------------------------------------------------------------
+    def complete(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult:
+        if cancel.is_set():
+            return CompletionResult("", cancelled=True, stop_reason="cancelled")
+        self.stats.requests += 1
+        if time.monotonic() < self._paused_until:
+            return self._fall_back(request, cancel)
+        try:
+            result = self._stream(request, cancel)
+        except RemoteFailure as failure:
+            if cancel.is_set():  # a keystroke, not the server's fault
+                self.stats.cancelled += 1
+                return CompletionResult("", cancelled=True, stop_reason="cancelled")
+            self._failed(failure)
+            return self._fall_back(request, cancel)
+        if result.cancelled:
+            self.stats.cancelled += 1
+        else:
+            self.stats.answered += 1
+        if self.stats.consecutive_failures:
+            log.info("remote %s answers again after %d failure(s)", self.endpoint, self.stats.consecutive_failures)
+        self.stats.state, self.stats.consecutive_failures = "ok", 0
+        return result
+
+    def status(self) -> dict[str, Any]:
+        s = self.stats
+        return {"backend": "remote", "url": self.endpoint, "model": self.cfg.model, "state": s.state,
+                "fallback": self.cfg.fallback, "requests": s.requests, "answered": s.answered,
+                "cancelled": s.cancelled, "fallbacks": s.fallbacks, "failures": dict(s.failures),
+                "consecutive_failures": s.consecutive_failures, "last_error": s.last_error}
+
+    def last_prompt_text(self) -> str:
+        return self.last_prompt
+
+    def count_tokens(self, text: str) -> int:
+        """The completer's context budgeting, in this engine's unit: characters."""
+        return len(text)
+
+    def snippet_budget(self) -> int:
+        b = self.prompts.budget
+        return int(b.total * b.snippet_share)
+
+    def close(self) -> None:
+        self.client.close()
+
+    # -- one request -------------------------------------------------------------------------------
+    def body(self, request: CompletionRequest) -> dict[str, Any]:
+        """The JSON body of a request (the prompt budgeted in characters)."""
+        prompt = self.prompts.build(request)
+        self.last_prompt = prompt.render()
+        body: dict[str, Any] = {
+            "prompt": self.last_prompt, "max_tokens": request.limits.max_tokens, "temperature": 0.0,
+            "stream": True, "stream_options": {"include_usage": True},
+        }
+        if self.cfg.model:
+            body["model"] = self.cfg.model
+        if stop := self._stop_strings(request):
+            body["stop"] = list(stop)
+        if self.cfg.fim == "suffix" and request.suffix:
+            budget = self.prompts.budget
+            body["suffix"] = self.prompts._fit_lines(request.suffix, int(budget.total * budget.suffix_share), head=True)
+        return body
+
+    def _stop_strings(self, request: CompletionRequest) -> tuple[str, ...]:
+        return tuple(dict.fromkeys((*request.limits.stop, *self.template.stop)))
+
+    def _stream(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult:
+        started = time.perf_counter()
+        stats = CompletionStats()
+        body = self.body(request)
+        pieces = _Pieces()
+        max_lines = 1 if request.mode == "single-line" else request.limits.max_lines
+        rules = _StopRules(pieces, self._stop_strings(request), max_lines, request.limits.time_budget_s,
+                           request.limits.min_indent)
+        reason, done = "", False
+        watch = _Watch(cancel, time.monotonic() + self.cfg.timeout_ms / 1e3)
+        try:
+            with self.client.stream("POST", self.endpoint, json=body, extensions={"trace": watch.trace}) as response:
+                watch.attach(response.extensions["network_stream"].get_extra_info("socket"))
+                _check_status(response)
+                for kind, value in _events(response):
+                    if kind == "usage":
+                        stats.prompt_tokens = int(value.get("prompt_tokens") or 0)
+                        stats.generated_tokens = int(value.get("completion_tokens") or 0)
+                        details = value.get("prompt_tokens_details") or {}
+                        stats.reused_tokens = int(details.get("cached_tokens") or 0)
+                        continue
+                    if kind == "finish":  # the answer is complete (usage and [DONE] may follow)
+                        reason, done = {"length": "max_tokens", "stop": "eos"}.get(value, value or "eos"), True
+                        continue
+                    if kind == "done":
+                        reason, done = reason or "eos", True
+                        continue
+                    if not pieces.items:
+                        stats.prefill_s = time.perf_counter() - started  # time to the first token
+                    pieces.items.append(value)
+                    if cancel.is_set():
+                        reason = "cancelled"
+                        break
+                    if stop := rules(pieces.ids()):
+                        reason = stop  # leaving the block closes the stream: the server stops
+                        break
+                else:
+                    if not reason:  # neither [DONE] nor a finish reason: the stream was cut short
+                        raise RemoteFailure("protocol", f"the stream ended early ({len(pieces.items)} piece(s), no [DONE])")
+        except (httpx.HTTPError, OSError) as exc:
+            if done:
+                pass  # the answer was complete; only the connection's end went wrong
+            elif watch.fired == "cancelled" or cancel.is_set():
+                reason = "cancelled"
+            elif watch.fired == "timeout" or isinstance(exc, httpx.TimeoutException):
+                if not pieces.items:
+                    raise RemoteFailure("timeout", f"no answer within {self.cfg.timeout_ms:.0f} ms") from None
+                reason = "time"  # what arrived in time is kept (the local engine's time budget does the same)
+            elif not pieces.items or not isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
+                raise RemoteFailure("connection", f"{type(exc).__name__}: {exc}") from None
+            else:
+                raise RemoteFailure("connection", f"the stream broke after {len(pieces.items)} piece(s): {exc}") from None
+        finally:
+            watch.stop()
+        if not done and (watch.fired == "cancelled" or cancel.is_set()):
+            reason = "cancelled"
+        text = rules.cut("".join(pieces.items))
+        stats.generated_tokens = stats.generated_tokens or len(pieces.items)
+        stats.target_forwards = len(pieces.items)
+        stats.total_s = time.perf_counter() - started
+        return CompletionResult(text, cancelled=reason == "cancelled", stop_reason=reason or "eos", stats=stats)
+
+    # -- failures ----------------------------------------------------------------------------------
+    def _failed(self, failure: RemoteFailure) -> None:
+        s = self.stats
+        s.failures[failure.kind] += 1
+        s.consecutive_failures += 1
+        s.last_error = f"{failure.kind}: {failure.detail}"
+        then = "answering from the local model" if self.fallback is not None else "answering empty"
+        if self.cfg.pause_after and s.consecutive_failures >= self.cfg.pause_after:
+            self._paused_until = time.monotonic() + self.cfg.pause_s
+            s.state = "paused"
+            then += f"; {s.consecutive_failures} failures in a row, not asking it again for {self.cfg.pause_s:g} s"
+        else:
+            s.state = "failing"
+        log.warning("remote %s: %s (%s)", self.endpoint, s.last_error, then)
+
+    def _fall_back(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult:
+        if self.fallback is None:
+            return CompletionResult("", stop_reason="error")
+        self.stats.fallbacks += 1
+        return self.fallback.complete(request, cancel)
+
+
+def _check_status(response: httpx.Response) -> None:
+    if response.status_code == 200:
+        return
+    try:
+        detail = response.read()[:300].decode("utf-8", "replace").strip()
+    except httpx.HTTPError:
+        detail = ""
+    raise RemoteFailure("http", f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else ""))
+
+
+def _events(response: httpx.Response):
+    """("text", piece) | ("finish", reason) | ("usage", dict) | ("done", None) from an SSE stream (or a
+    plain JSON answer)."""
+    if response.headers.get("content-type", "").startswith("application/json"):  # a server that does not stream
+        yield from _choice_events(_parse(response.read().decode("utf-8", "replace")))
+        yield "done", None
+        return
+    for line in response.iter_lines():
+        if not line.startswith("data:"):
+            continue  # blank separators, comments (":"), event/id/retry fields: nothing for us
+        data = line[5:].strip()
+        if data == "[DONE]":
+            yield "done", None
+            continue  # read on to the body's end (it follows at once), or the connection cannot be reused
+        yield from _choice_events(_parse(data))
+
+
+def _parse(data: str) -> dict:
+    try:
+        event = json.loads(data)
+    except ValueError:
+        raise RemoteFailure("protocol", f"not JSON in the stream: {data[:80]!r}") from None
+    if not isinstance(event, dict):
+        raise RemoteFailure("protocol", f"unexpected event {data[:80]!r}")
+    if "error" in event:
+        error = event["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise RemoteFailure("http", f"the server reported: {str(message)[:200]}")
+    return event
+
+
+def _choice_events(event: dict):
+    choices = event.get("choices")
+    if not isinstance(choices, list):
+        raise RemoteFailure("protocol", f"an event without choices: {json.dumps(event)[:80]}")
+    for choice in choices[:1]:
+        if not isinstance(choice, dict) or not isinstance(choice.get("text", ""), str):
+            raise RemoteFailure("protocol", f"a choice without text: {json.dumps(choice)[:80]}")
+        if choice.get("text"):
+            yield "text", choice["text"]
+        if choice.get("finish_reason"):
+            yield "finish", str(choice["finish_reason"])
+    if isinstance(event.get("usage"), dict):
+        yield "usage", event["usage"]
+
+
+def load_remote(table: Mapping[str, Any], fallback: LocalEngine | None = None) -> RemoteEngine:
+    """The engine ``model.remote`` describes (ValueError for a bad table, URL or missing key)."""
+    return RemoteEngine(parse_remote(table), fallback)
