@@ -14,7 +14,7 @@ import torch
 
 from engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from engine.model import CachedLM, LoadedModel, load_model
-from engine.prompt import TEMPLATES, PromptBudget, PromptBuilder, detect_template
+from engine.prompt import TEMPLATES, Prompt, PromptBudget, PromptBuilder, detect_template
 from engine.speculative import AdaptiveGamma, AstAdaptiveGamma, FixedGamma, GrowingGamma, generate
 from engine.stops import MAX_LOOP_LINES, REPEATED_LINES, _repetition_end, _scope_end, _StopRules  # noqa: F401 (also imported from here)
 from engine.syntax import DepthTracker
@@ -96,9 +96,7 @@ class Engine:
         if cancel.is_set():
             return CompletionResult("", cancelled=True, stop_reason="cancelled", stats=stats)
         limits = request.limits
-        # a long answer (a multi-line or refactor request) gets its room by shortening the prompt, up to half the context
-        room_wanted = min(limits.max_tokens, self.capacity // 2)
-        prompt = self.prompts.build(request, total=max(256, self.capacity - room_wanted))
+        prompt = self.prompt_for(request)
         prompt_tokens, heal, allowed = self._heal(prompt.tokens)
         self.last_prompt = prompt_tokens
         room = self.capacity - len(prompt_tokens)
@@ -135,6 +133,21 @@ class Engine:
         cancelled = reason == "cancelled"
         return CompletionResult(text, cancelled=cancelled, stop_reason=reason, tokens=tuple(tokens), stats=stats)
 
+
+    def prompt_for(self, request: CompletionRequest) -> Prompt:
+        """The prompt `complete` gives the model for ``request`` (before token healing)."""
+        # a long answer (a multi-line or refactor request) gets its room by shortening the prompt, up to half the context
+        room_wanted = min(request.limits.max_tokens, self.capacity // 2)
+        return self.prompts.build(request, total=max(256, self.capacity - room_wanted))
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens ``text`` costs in a prompt (remembered encodings: the completer budgets context with it)."""
+        return len(self.prompts.encode(text))
+
+    def snippet_budget(self) -> int:
+        """Tokens a prompt gives cross-file snippets."""
+        b = self.prompts.budget
+        return int(b.total * b.snippet_share)
 
     def last_prompt_text(self) -> str:
         """The last prompt as text, special tokens included (a healed-away last token is not in it)."""

@@ -101,6 +101,7 @@ class Prompt:
     tokens: list[int] = field(default_factory=list)
     snippets_used: int = 0
     prefix_chars: int = 0  # characters of the request's prefix that made it into the window
+    snippets: tuple[Snippet, ...] = ()  # the request's snippets that fit the budget, in prompt order
 
     def render(self) -> str:
         return "".join(s.token if isinstance(s, Special) else s for s in self.segments)
@@ -192,7 +193,7 @@ class PromptBuilder:
         bos = self.tokenizer.bos_token or ""
         segments = assemble(self.template, request, chosen, prefix, suffix, bos=bos, repo=self.repo)
         tokens = tokens_for(segments, self.encode, self.special_id)
-        return Prompt(segments, tokens, len(chosen), len(prefix))
+        return Prompt(segments, tokens, len(chosen), len(prefix), tuple(chosen))
 
     def _anchor_window(self, request: CompletionRequest, offset: int, budget: int) -> int:
         """Start (in request.prefix) of the local window: a line start whose tail fits the budget."""

@@ -18,6 +18,7 @@ from .chunker import Chunker
 from .config import IndexConfig
 from .dense import Embedder, make_embedder
 from .files import FileFilter, SourceFile
+from .imports import FileTable
 from .models import Chunk, IndexStats, Symbol
 from .store import FileRecord, Store
 from .vectors import VectorMatrix
@@ -62,6 +63,7 @@ class Index:
         self._symbols: dict[str, list[Symbol]] = defaultdict(list)
         self._path_symbols: dict[str, list[Symbol]] = {}
         self._digests: dict[str, str] = {}
+        self.files = FileTable()  # indexed paths by file and directory name (import resolution)
         self._overlays: dict[str, str] = {}
         self._walk_skipped: Counter = Counter()
         self._content_skipped: dict[str, str] = {}
@@ -100,6 +102,7 @@ class Index:
             self._chunks[chunk.id] = chunk
             self._tokens[chunk.id] = stored.tokens
             self._path_chunks.setdefault(chunk.path, []).append(chunk.id)
+            self.files.add(chunk.path)
             self.bm25.add(chunk.id, chunk.path, stored.tokens)
             if self.vectors is not None:
                 if stored.vector is None:
@@ -254,6 +257,7 @@ class Index:
                 self._tokens.pop(cid, None)
         self._forget_symbols(path)
         self._digests.pop(path, None)
+        self.files.remove(path)
         self.chunker.forget(path)
 
     def _forget_symbols(self, path: str) -> None:
@@ -292,6 +296,7 @@ class Index:
             if c.id not in kept:
                 fresh.append(i)
         self._path_chunks[rec.path] = ids
+        self.files.add(rec.path)
         if self.vectors is not None and rec.vectors is not None and fresh:
             self.vectors.add([ids[i] for i in fresh], rec.vectors[fresh])
         syms = [replace(s, chunk_id=ids[s.chunk_index] if 0 <= s.chunk_index < len(ids) else -1) for s in rec.symbols]
@@ -409,6 +414,11 @@ class Index:
         """Definitions of ``name`` (functions, classes, methods, module-level names) across the workspace."""
         with self._lock:
             return list(self._symbols.get(name, ()))
+
+    def symbols_in(self, path: Path | str) -> list[Symbol]:
+        """The definitions the index found in one file, in file order."""
+        with self._lock:
+            return sorted(self._path_symbols.get(os.path.abspath(path), ()), key=lambda s: s.start_line)
 
     def chunk(self, chunk_id: int) -> Chunk | None:
         with self._lock:

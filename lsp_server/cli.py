@@ -44,6 +44,12 @@ def _bench_lsp(args: argparse.Namespace) -> int:
     return run_bench_lsp(args)
 
 
+def _bench_context(args: argparse.Namespace) -> int:
+    from lsp_server.bench_context import run_bench_context
+
+    return run_bench_context(args)
+
+
 def _bench_scenarios(args: argparse.Namespace) -> int:
     from lsp_server.bench_scenarios import run_bench_scenarios
 
@@ -154,6 +160,11 @@ def build_parser() -> argparse.ArgumentParser:
     bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")
     add_bench_scenarios_arguments(bs)
     bs.set_defaults(func=_bench_scenarios)
+    from lsp_server.bench_context import add_arguments as add_bench_context_arguments
+
+    bc = bench_sub.add_parser("context", help="is the needed definition in the prompt at a first use, and does it help")
+    add_bench_context_arguments(bc)
+    bc.set_defaults(func=_bench_context)
     from lsp_server.bench_lsp import add_arguments as add_bench_lsp_arguments
 
     bl = bench_sub.add_parser("lsp", help="retype real lines through a real LSP client: latency, cancels, staleness")

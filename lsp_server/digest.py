@@ -1,0 +1,460 @@
+"""The imports digest: compact stubs of what a file imports from the workspace, ranked by what the next lines will use.
+
+At the first use of an imported name the name is not on screen yet; it sits in an import at the
+top of the file, and text search over the lines around the cursor rarely finds its definition.
+The digest shows, for each workspace name the file imports, what a programmer would glance at:
+a function's signature and docstring line; a class's header, docstring line, fields and method
+signatures; for a module bound as a whole, its public top-level signatures. Each imported file
+becomes one stub (bodies elided with ``...``), labelled with its path like any other snippet.
+
+Ranking (which names the next lines will use): a name written after the cursor (a later use the
+editor already shows), then a name not yet used between its import and the cursor (a first use is
+pending), then names used near the cursor. Entries are added best first while they fit a token
+budget; the prompt builder then places the stubs before the other snippets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.types import Snippet
+from indexer.imports import Import, language_of, parse_imports, resolve
+
+log = logging.getLogger(__name__)
+
+# lines that can start an import in some language here; the tree-sitter parse covers the text up to the last one
+_IMPORT_LINE = re.compile(r"^[ \t]*(?:import|from|use|pub[ \t]+use|mod|#[ \t]*include|extern[ \t]+crate|package)\b|require\(",
+                          re.M)
+_BRACES = {"(": 1, "[": 1, "{": 1, ")": -1, "]": -1, "}": -1}
+_DOC_QUOTE = re.compile(r"^[rRbBuU]?(\"\"\"|''')")
+_COMMENT = ("//", "/*", "*", "#", "///", "--")
+_TYPE_KINDS = frozenset({"class", "struct", "interface", "trait", "enum", "type"})
+_KEPT_DECORATORS = ("@property", "@staticmethod", "@classmethod", "@dataclass", "@dataclasses.dataclass",
+                    "@abstractmethod", "@abc.abstractmethod", "@contextmanager", "@contextlib.contextmanager")
+_OPEN_SPACE = re.compile(r"([(\[{])\s+")
+_SPACES = re.compile(r"\s{2,}")
+_CLOSE_SPACE = re.compile(r",?\s+([)\]}])")
+MAX_METHODS = 6
+MAX_FIELDS = 5
+MAX_MODULE_NAMES = 10
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One digest entry: a stub of one definition (or a module's public names) and what it covers."""
+
+    path: str  # absolute path of the defining file
+    text: str
+    start_line: int
+    end_line: int
+    name: str  # the name the current file uses
+    kind: str = ""  # the definition's kind (class, function, variable, module)
+    brief: str = ""  # a shorter stub (signature, constructor) for when ``text`` does not fit; "" = none
+
+
+_HINT_TYPE = re.compile(r"(?:(\w+)\s*:|->|\bclass\s+\w+\s*\(|[\[|,]|\bisinstance\(\w+,)\s*$")
+_HINT_EXC = re.compile(r"(?:\braise|\bexcept|\bthrow\s+new|\bcatch\s*\()\s*\(?\s*$")
+_HINT_NEW = re.compile(r"\bnew\s+$")
+_KEYWORDS = frozenset({"else", "try", "finally", "except", "default", "case", "return"})
+
+
+def cursor_hint(line_before: str) -> tuple[str, str]:
+    """What the cursor's position on its line expects: ("type", annotated name), ("exception", ""),
+    ("decorator", "") or ("", ""). The identifier being typed is ignored, so typing a name keeps the hint."""
+    rest = re.sub(r"\w*$", "", line_before)
+    if _HINT_EXC.search(rest):
+        return "exception", ""
+    if rest.strip() == "@":
+        return "decorator", ""
+    if _HINT_NEW.search(rest):
+        return "type", ""
+    m = _HINT_TYPE.search(rest)
+    if m is None or "lambda" in rest or (m.group(1) or "") in _KEYWORDS:
+        return "", ""
+    if rest.rstrip().endswith(",") and "[" not in rest:
+        return "", ""  # a comma in a call or a parameter list: no expectation
+    return "type", m.group(1) or ""
+
+
+def import_region(text: str) -> str:
+    """The head of ``text`` that holds its imports (up to the line after the last import-like line)."""
+    last = None
+    for last in _IMPORT_LINE.finditer(text):
+        pass
+    if last is None:
+        return ""
+    end = text.find("\n", last.end())
+    # a parenthesised import goes on: take the lines up to the next one that starts at column 0
+    while end >= 0 and end + 1 < len(text) and text[end + 1] in " \t)]}":
+        end = text.find("\n", end + 1)
+    return text if end < 0 else text[: end + 1]
+
+
+class ImportCache:
+    """Parsed imports per import region (typing below the imports never re-parses them)."""
+
+    def __init__(self, size: int = 64):
+        self._seen: dict[tuple[str, str], list[Import]] = {}
+        self._size = size
+
+    def imports(self, text: str, path: str) -> list[Import]:
+        region = import_region(text)
+        key = (path, region)
+        got = self._seen.get(key)
+        if got is None:
+            got = parse_imports(region, path) if region else []
+            self._seen[key] = got
+            if len(self._seen) > self._size:
+                self._seen.pop(next(iter(self._seen)))
+        return got
+
+
+def _code(line: str) -> str:
+    """A line without its trailing comment (roughly: strings are not tracked)."""
+    for marker in (" #", "\t#", " //"):
+        i = line.find(marker)
+        if i >= 0:
+            line = line[:i]
+    return line.rstrip()
+
+
+def _depth(line: str) -> int:
+    return sum(_BRACES.get(ch, 0) for ch in line)
+
+
+def header(lines: Sequence[str], start: int, python: bool) -> tuple[list[str], int]:
+    """The signature lines from ``lines[start]`` on (a brace body cut at its ``{``), and the index after them."""
+    out: list[str] = []
+    depth = 0
+    i = start
+    while i < len(lines) and (not lines[i].strip() or lines[i].lstrip().startswith(_COMMENT)):
+        i += 1  # a leading comment belongs to the doc line, not to the signature
+    while i < len(lines) and len(out) < 12:
+        line = lines[i]
+        code = _code(line)
+        if python:
+            out.append(line.rstrip())
+            depth += _depth(code)
+            i += 1
+            if depth <= 0 and code.endswith(":") and not code.lstrip().startswith("@"):
+                return out, i
+            continue
+        brace = _body_brace(code, depth)
+        if brace >= 0:
+            out.append(line[:brace].rstrip())
+            return out, i + 1
+        out.append(line.rstrip())
+        depth += _depth(code)
+        i += 1
+        if depth <= 0 and code.endswith(";"):  # a declaration without a body
+            return out, i
+    return out, i
+
+
+def _body_brace(code: str, depth: int) -> int:
+    """Index of the ``{`` that opens a body at bracket depth 0, or -1."""
+    for j, ch in enumerate(code):
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        elif ch == "{" and depth <= 0:
+            return j
+    return -1
+
+
+def doc_line(lines: Sequence[str], after: int, before: int, python: bool) -> str | None:
+    """Python: the docstring's first line (closed); braces: the comment line just above the definition."""
+    if python:
+        for line in lines[after: after + 3]:
+            s = line.strip()
+            if not s:
+                continue
+            m = _DOC_QUOTE.match(s)
+            if not m:
+                return None
+            quote = m.group(1)
+            body = s[m.end():]
+            if quote in body:
+                return line.rstrip()
+            indent = line[: len(line) - len(line.lstrip())]
+            return f"{indent}{s}{quote}" if body else None
+        return None
+    j = before - 1
+    if 0 <= j < len(lines) and lines[j].strip().startswith(_COMMENT):
+        return lines[j].rstrip()
+    return None
+
+
+class Digest:
+    """Builds digest entries from the index (symbols, chunks, the file table)."""
+
+    def __init__(self, retriever: Any):
+        self.retriever = retriever
+        self.imports_cache = ImportCache()
+        self._entries: dict[tuple[str, Import], Entry | None] = {}  # built stubs, until the index changes
+        self._entries_gen: Any = None
+
+    def available(self) -> bool:
+        return all(hasattr(self.retriever, a) for a in ("symbols_in", "chunk", "files"))
+
+    def entries(self, path: str, head: str, tail: str, nearby: Sequence[str], hint: tuple[str, str] = ("", "")) -> list[Entry]:
+        """Ranked entries for a cursor in ``path``: ``head`` is the document before the cursor's line,
+        ``tail`` the document after it, ``hint`` what the cursor's position expects (`cursor_hint`)."""
+        if not path or not self.available():
+            return []
+        imports = [i for i in self.imports_cache.imports(head, path) if i.alias and i.name != "*"]
+        if not imports:
+            return []
+        generation = getattr(self.retriever, "generation", None)
+        gen = generation(path) if callable(generation) else None
+        if gen is None or gen != self._entries_gen:
+            self._entries.clear()  # another file changed: stubs may have changed
+            self._entries_gen = gen
+        files = self.retriever.files
+        built: list[tuple[Import, Entry]] = []
+        for imp in imports:
+            key = (path, imp)
+            if key not in self._entries:
+                self._entries[key] = self._build(imp, path, files)
+            entry = self._entries[key]
+            if entry is not None:
+                built.append((imp, entry))
+        out: list[Entry] = []
+        seen: set[tuple[str, int]] = set()
+        for entry in self._rank(built, head, nearby, hint):
+            if (entry.path, entry.start_line) not in seen:
+                seen.add((entry.path, entry.start_line))
+                out.append(entry)
+        return out
+
+    def _build(self, imp: Import, path: str, files: Any) -> Entry | None:
+        try:
+            targets = resolve(imp, path, files)
+            if not targets or os.path.abspath(targets[0]) == os.path.abspath(path):
+                return None
+            return self._entry(imp, targets[0])
+        except Exception:
+            log.exception("digest entry for %s failed", imp)
+            return None
+
+    @staticmethod
+    def _rank(built: list[tuple[Import, Entry]], head: str, nearby: Sequence[str], hint: tuple[str, str]) -> list[Entry]:
+        """Best first: what the cursor's position expects (a type after an annotation colon, an exception
+        after ``raise``, a decorator after ``@``; a type named like the annotated parameter above all),
+        then names not used yet since the imports (a first use is pending), nearest used, import order."""
+        aliases = sorted({i.alias for i, _ in built}, key=len, reverse=True)
+        words = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, aliases)) + r")\b")
+        last_import = max(i.line for i, _ in built)
+        body = head.split("\n", last_import)[-1] if head.count("\n") >= last_import else ""
+        used_before = set(words.findall(body))
+        near = {n: k for k, n in enumerate(nearby[:64])}
+        expect, subject = hint
+        subject = subject.replace("_", "").lower()
+
+        def fits(entry: Entry, alias: str) -> int:
+            if not expect:
+                return 0
+            if expect == "type" and entry.kind in _TYPE_KINDS:
+                named = subject and (alias.lower() == subject or alias.lower().endswith(subject) or subject.endswith(alias.lower()))
+                return 2 if named else 1
+            if expect == "exception" and entry.kind in _TYPE_KINDS and re.search(r"(Error|Exception|Warning|Exit)\b", entry.text.split("\n", 2)[0] + " " + alias):
+                return 2
+            if expect == "decorator" and entry.kind in ("function", "variable"):
+                return 1
+            return 0
+
+        def score(item: tuple[int, tuple[Import, Entry]]) -> tuple:
+            k, (imp, entry) = item
+            return (-fits(entry, imp.alias), imp.alias in used_before, near.get(imp.alias, 1 << 20), imp.name is None, k)
+
+        return [entry for _, (_, entry) in sorted(enumerate(built), key=score)]
+
+    def _entry(self, imp: Import, target: str) -> Entry | None:
+        symbols = self.retriever.symbols_in(target)
+        python = language_of(target) == "python"
+        name = imp.name
+        if name in (None, "default") or _is_module_file(target, name):
+            tops = [s for s in symbols if s.container is None and not s.name.startswith("_")]
+            # definitions before constants, each group in file order
+            tops = [s for s in tops if s.kind != "variable"] + [s for s in tops if s.kind == "variable"]
+            if name == "default":  # JS default export: the file's main definition, if it has one
+                tops = tops[:1]
+            return self._module_entry(imp, target, tops[:MAX_MODULE_NAMES], python)
+        found = [s for s in symbols if s.name == name and s.container is None] or [s for s in symbols if s.name == name]
+        if not found:
+            return None
+        sym = found[0]
+        lines, start = self._lines(sym)
+        if lines is None:
+            return None
+        if sym.kind == "variable":
+            return Entry(target, _one_line(lines[start]).strip(), sym.start_line, sym.start_line, imp.alias, "variable")
+        head_lines, after = header(lines, start, python)
+        decorators, sig = one_line(head_lines)
+        if not sig:
+            return None
+        doc = doc_line(lines, after, start, python)
+        is_type = sym.kind in _TYPE_KINDS
+        fields, methods = self._members(sym, symbols, python) if is_type else ([], [])
+        init = [m for m in methods if re.search(r"\b(__init__|constructor|new)\b", m)]
+        full = _render(python, decorators, _cap(sig, 200), doc, fields + methods, is_type)
+        brief = _render(python, decorators, _cap(sig, 200), None, init[:1], is_type)
+        end = sym.end_line if is_type else sym.start_line + len(head_lines) - 1
+        return Entry(target, full, sym.start_line, end, imp.alias, sym.kind, brief if brief != full else "")
+
+    def _members(self, cls: Any, symbols: Sequence[Any], python: bool) -> tuple[list[str], list[str]]:
+        """(fields, method signatures) of a class, one line each; the constructor first among the methods."""
+        inside = [s for s in symbols if s.container == cls.name and s.start_line > cls.start_line and s.end_line <= cls.end_line]
+        fields: list[str] = []
+        for f in inside:
+            if f.kind == "variable" and not f.name.startswith("_") and len(fields) < MAX_FIELDS:
+                lines, start = self._lines(f)
+                line = _one_line(lines[start]).strip() if lines is not None else ""
+                if line and line not in fields:
+                    fields.append(_cap(line))
+        methods = [s for s in inside if s.kind in ("method", "function")]
+        methods.sort(key=lambda s: (s.name not in ("__init__", "constructor", "new"), s.name.startswith("_"), s.start_line))
+        kept, names = [], set()
+        for m in methods:
+            if (not m.name.startswith("_") or m.name in ("__init__", "__call__")) and m.name not in names:
+                kept.append(m)
+                names.add(m.name)
+        out: list[str] = []
+        for m in sorted(kept[:MAX_METHODS], key=lambda s: s.start_line):
+            mlines, mstart = self._lines(m)
+            if mlines is None:
+                continue
+            decorators, sig = one_line(header(mlines, mstart, python)[0])
+            if sig:
+                out += decorators + [_cap(sig) + (" ..." if python else ";")]
+        return fields, out
+
+    def _module_entry(self, imp: Import, target: str, tops: Sequence[Any], python: bool) -> Entry | None:
+        out: list[str] = []
+        for sym in tops:
+            lines, start = self._lines(sym)
+            if lines is None:
+                continue
+            if sym.kind == "variable":
+                out.append(_one_line(lines[start]).strip())
+                continue
+            _, sig = one_line(header(lines, start, python)[0])
+            if sig:
+                out.append(_cap(sig) + (" ..." if python else ("" if sig.endswith(";") else ";")))
+        if not out:
+            return None
+        first = min(s.start_line for s in tops)
+        return Entry(target, "\n".join(out), first, max(s.end_line for s in tops), imp.alias, "module")
+
+    def _lines(self, sym: Any) -> tuple[list[str] | None, int]:
+        chunk = self.retriever.chunk(sym.chunk_id) if sym.chunk_id >= 0 else None
+        if chunk is None:
+            return None, 0
+        lines = chunk.text.split("\n")
+        start = sym.start_line - chunk.start_line
+        if not 0 <= start < len(lines):
+            return None, 0
+        return lines, start
+
+
+def _one_line(line: str) -> str:
+    """A definition's first line with what it leaves open elided and closed: ``X = {`` -> ``X = {...}``."""
+    line = _code(line)
+    stack: list[str] = []
+    pairs = {"(": ")", "[": "]", "{": "}"}
+    for ch in line:
+        if ch in pairs:
+            stack.append(pairs[ch])
+        elif stack and ch == stack[-1]:
+            stack.pop()
+    return line + ("..." + "".join(reversed(stack)) if stack else "")
+
+
+def one_line(sig_lines: Sequence[str]) -> tuple[list[str], str]:
+    """(decorators worth showing, the signature on one line): ``def f(\n    a,\n) -> X:`` -> ``def f(a) -> X:``."""
+    decorators: list[str] = []
+    parts: list[str] = []
+    depth = 0
+    in_decorator = False
+    for ln in sig_lines:
+        code = _code(ln).strip()
+        if not code:
+            continue
+        if depth <= 0 and code.startswith("@"):
+            in_decorator = True
+            decorators.append(code)
+        elif not in_decorator:
+            parts.append(code)
+        depth += _depth(code)
+        if depth <= 0:
+            in_decorator = False
+    text = _SPACES.sub(" ", " ".join(parts))
+    text = _CLOSE_SPACE.sub(r"\1", _OPEN_SPACE.sub(r"\1", text))
+    return [d for d in decorators if d.startswith(_KEPT_DECORATORS) and _depth(d) == 0], text
+
+
+def _render(python: bool, decorators: list[str], sig: str, doc: str | None, members: list[str], is_type: bool) -> str:
+    if python:
+        out = decorators + [sig]
+        if doc is not None:
+            out.append("    " + _short(doc.strip()))
+        out += ["    " + m for m in members]
+        if len(out) == len(decorators) + 1:
+            out[-1] += " ..."
+        return "\n".join(out)
+    out = ([_short(doc.strip())] if doc is not None else []) + decorators
+    if is_type:
+        out += [sig + " {"] + ["    " + m for m in members] + ["}"]
+    else:
+        out.append(sig if sig.endswith(";") else sig + " { ... }")
+    return "\n".join(out)
+
+
+def _cap(line: str, limit: int = 110) -> str:
+    """A signature cut at ``limit`` characters, at a parameter boundary where one is near."""
+    if len(line) <= limit:
+        return line
+    cut = line.rfind(",", 0, limit)
+    return (line[:cut] if cut > limit // 2 else line[:limit]) + ", ...)" + (":" if line.endswith(":") else "")
+
+
+def _short(line: str, limit: int = 100) -> str:
+    """A doc line cut at ``limit`` characters (a docstring's quotes closed again)."""
+    if len(line) <= limit:
+        return line
+    m = _DOC_QUOTE.match(line)
+    return line[:limit].rstrip() + "..." + (m.group(1) if m else "")
+
+
+def _is_module_file(target: str, name: str | None) -> bool:
+    stem = os.path.splitext(os.path.basename(target))[0]
+    return bool(name) and (stem == name or (stem in ("__init__", "index", "mod") and os.path.basename(os.path.dirname(target)) == name))
+
+
+def fit(entries: Sequence[Entry], budget_tokens: int, count: Callable[[str], int],
+        display: Callable[[str], str]) -> tuple[tuple[Snippet, ...], list[Entry]]:
+    """Entries best first while they fit ``budget_tokens``, as one stub snippet per file (files in rank
+    order), and the entries shown."""
+    chosen: dict[str, list[Entry]] = {}
+    used = 0
+    for e in entries:
+        head = 0 if e.path in chosen else count(display(e.path)) + 3
+        for text in (e.text, e.brief):
+            cost = count(text) + 1 + head if text else 0
+            if text and used + cost <= budget_tokens:
+                chosen.setdefault(e.path, []).append(e if text is e.text else dataclasses.replace(e, text=text))
+                used += cost
+                break
+    out: list[Snippet] = []
+    for path, group in chosen.items():
+        group.sort(key=lambda e: e.start_line)
+        text = "\n".join(e.text for e in group) + "\n"
+        out.append(Snippet(display(path), text, min(e.start_line for e in group), max(e.end_line for e in group)))
+    return tuple(out), [e for group in chosen.values() for e in group]

@@ -1,0 +1,52 @@
+"""bench context: first-use tasks cut from a workspace, checked through the product path on the tiny pair."""
+
+from __future__ import annotations
+
+import argparse
+
+from lsp_server.bench_context import _first_use, _run, make_tasks
+from tests.unit.lsp.test_digest import MAIN, SHAPES, UTIL  # noqa: F401 (the same small workspace)
+
+
+def workspace(root):
+    (root / "geo").mkdir(parents=True)
+    (root / "geo" / "__init__.py").write_text("")
+    (root / "geo" / "shapes.py").write_text(SHAPES)
+    (root / "geo" / "util.py").write_text(UTIL)
+    (root / "app.py").write_text(
+        "from geo.shapes import Shape, area_of\nimport json\n\n\n"
+        "def make(n):\n    s = Shape('sq', n)\n    return area_of(s, 2.0)\n"
+    )
+    return root
+
+
+def test_first_use_skips_imports_strings_and_comments():
+    text = "from m import f\n# f here\nx = 'f'\ny = f(1)\n"
+    assert text[_first_use(text, "/w/a.py", "f", 1):].startswith("f(1)")
+    assert _first_use(text, "/w/a.py", "g", 1) is None
+
+
+def test_tasks_and_report_through_the_product_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = workspace(tmp_path / "ws")
+    args = argparse.Namespace(workspace=root, tasks=10, seed=0, arms="none,retrieval,digest", no_model=False,
+                              target="tiny", json=True)
+    report = _run(args)
+    assert report["tasks"] == 2  # Shape and area_of in app.py, cut where each is first used
+    none, digest = report["arms"]["none"], report["arms"]["digest"]
+    assert none["in_prompt"] == 0.0 and none["context_tokens_mean"] == 0.0
+    assert digest["in_prompt"] == 1.0 and digest["context_tokens_mean"] > 0
+    assert {"exact", "edit_similarity", "name_first"} <= digest.keys()
+
+
+def test_make_tasks_expects_the_rest_of_the_line(tmp_path):
+    from indexer import Index
+    from indexer.config import IndexConfig
+
+    root = workspace(tmp_path / "ws")
+    with Index([root], IndexConfig(cache_dir=str(tmp_path / "c")), embedder=None) as index:
+        index.build()
+        tasks = make_tasks(index, root, 10, 0)
+    got = {t.name: (t.expected, t.signature) for t in tasks}
+    assert got["Shape"] == ("Shape('sq', n)", "class Shape:")
+    assert got["area_of"] == ("area_of(s, 2.0)", 'def area_of(shape: "Shape", scale: float = 1.0,')

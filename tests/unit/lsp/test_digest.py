@@ -1,0 +1,206 @@
+"""The imports digest: stubs of what a file imports from the workspace, ranked, within a token budget."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from engine.fake import FakeEngine
+from indexer import Index
+from indexer.config import IndexConfig
+from lsp_server.completer import Completer, build_request, context_for
+from lsp_server.config import CompletionConfig
+from lsp_server.context import ContextFinder, build_context
+from lsp_server.digest import Digest, cursor_hint, fit, import_region, one_line
+from lsp_server.documents import Snapshot, display_path
+
+SHAPES = '''"""Shapes."""
+import math
+
+UNIT = 1.0  # the default side
+
+
+def area_of(shape: "Shape", scale: float = 1.0,
+            rounding: int | None = None) -> float:
+    """Area of any shape, scaled."""
+    return shape.area() * scale
+
+
+class Shape:
+    """A plane figure."""
+
+    sides: int = 0
+    name: str = "shape"
+
+    def __init__(self, name: str,
+                 sides: int) -> None:
+        self.name = name
+        self.sides = sides
+
+    @property
+    def area(self) -> float:
+        raise NotImplementedError
+
+    def _private(self):
+        pass
+
+
+class ShapeError(ValueError):
+    """Bad shape."""
+'''
+UTIL = '''def helper(x):
+    return x
+
+
+def other(y):
+    return y
+'''
+MAIN = '''from geo.shapes import Shape, area_of, UNIT, ShapeError
+from geo import util
+import json
+
+
+def total(shapes):
+    return sum(s for s in shapes)
+
+
+def make(config: '''
+
+
+@pytest.fixture
+def ws(tmp_path):
+    root = tmp_path / "ws"
+    (root / "geo").mkdir(parents=True)
+    (root / "geo" / "__init__.py").write_text("")
+    (root / "geo" / "shapes.py").write_text(SHAPES)
+    (root / "geo" / "util.py").write_text(UTIL)
+    (root / "app.py").write_text(MAIN + "Shape):\n    return area_of(config) * UNIT\n")
+    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
+    index.build()
+    yield root, index
+    index.close()
+
+
+def entries(index, root, before, after="\n", hint=None):
+    path = str(root / "app.py")
+    head = before[: before.rfind("\n") + 1]
+    line = before[len(head):]
+    return Digest(index).entries(path, head, after.split("\n", 1)[1] if "\n" in after else "", [],
+                                 hint if hint is not None else cursor_hint(line))
+
+
+def test_stubs_show_signatures_docs_fields_and_methods(ws):
+    root, index = ws
+    got = {e.name: e for e in entries(index, root, MAIN)}
+    assert got["area_of"].text == (
+        'def area_of(shape: "Shape", scale: float = 1.0, rounding: int | None = None) -> float:\n'
+        '    """Area of any shape, scaled."""')
+    shape = got["Shape"].text.split("\n")
+    assert shape[:4] == ["class Shape:", '    """A plane figure."""', "    sides: int = 0", '    name: str = "shape"']
+    assert "    def __init__(self, name: str, sides: int) -> None: ..." in shape
+    assert "    @property" in shape and "    def area(self) -> float: ..." in shape
+    assert not any("_private" in ln for ln in shape)  # private members are left out
+    assert got["Shape"].brief == "class Shape:\n    def __init__(self, name: str, sides: int) -> None: ..."
+    assert got["UNIT"].text == "UNIT = 1.0"  # a constant: its line, without the comment
+    assert got["util"].kind == "module" and got["util"].text == "def helper(x): ...\ndef other(y): ..."
+    assert "json" not in got  # the standard library is not the workspace's
+    assert got["Shape"].path == str(root / "geo" / "shapes.py") and got["Shape"].start_line == 13
+
+
+def test_ranking_follows_what_the_cursor_expects(ws):
+    root, index = ws
+    # after `config: ` a type is expected: classes first
+    assert [e.name for e in entries(index, root, MAIN)][:2] in (["Shape", "ShapeError"], ["ShapeError", "Shape"])
+    # after `raise ` an exception class first
+    assert entries(index, root, MAIN.replace("def make(config: ", "    raise "))[0].name == "ShapeError"
+    # no expectation: names not used since the imports come first, in import order
+    body = MAIN.replace("def make(config: ", "x = util.helper(1)\ny = ")
+    order = [e.name for e in entries(index, root, body)]
+    assert order.index("util") == len(order) - 1  # already used above: last
+
+
+def test_fit_takes_the_best_first_and_falls_back_to_the_brief_stub(ws):
+    root, index = ws
+    ranked = entries(index, root, MAIN)
+    count = lambda text: len(text.split())  # noqa: E731 (a stand-in tokenizer)
+    full = sum(count(e.text) + 1 for e in ranked) + 10
+    snippets, shown = fit(ranked, full, count, lambda p: Path(p).name)
+    assert len(shown) == len(ranked)
+    assert [s.path for s in snippets] == ["shapes.py", "util.py"]  # one stub per file, files in rank order
+    assert snippets[0].text.endswith("\n")
+    tight = count(ranked[0].brief) + 1 + count("shapes.py") + 3
+    snippets, shown = fit(ranked, tight, count, lambda p: Path(p).name)
+    assert [e.text for e in shown] == [ranked[0].brief]  # the class did not fit whole: its brief stub did
+    assert fit(ranked, 0, count, str) == ((), [])
+
+
+def test_cursor_hint():
+    assert cursor_hint("def f(config: ") == ("type", "config")
+    assert cursor_hint("def f(config: Con") == ("type", "config")  # typing the name keeps the hint
+    assert cursor_hint("def f(a) -> ") == ("type", "")
+    assert cursor_hint("    raise ") == ("exception", "")
+    assert cursor_hint("@") == ("decorator", "")
+    assert cursor_hint("    x = ") == ("", "")
+    assert cursor_hint("f(a, ") == ("", "")
+    assert cursor_hint("lambda x: ") == ("", "")
+
+
+def test_signature_on_one_line_and_decorators_kept_only_when_they_inform():
+    decorators, sig = one_line(["@lru_cache(", "    maxsize=50)", "@property", "def f(", "    a,  # first", "    b,", ") -> int:"])
+    assert (decorators, sig) == (["@property"], "def f(a, b) -> int:")
+
+
+def test_import_region_covers_parenthesised_imports():
+    text = "import a\nfrom b import (\n    c,\n    d,\n)\n\nx = 1\n"
+    assert import_region(text) == "import a\nfrom b import (\n    c,\n    d,\n)\n"
+    assert import_region("x = 1\n") == ""
+
+
+def test_completer_puts_the_digest_first_and_keeps_it_while_typing(ws):
+    root, index = ws
+    seen = []
+
+    class Recording(FakeEngine):
+        def complete(self, request, cancel):
+            seen.append(request.snippets)
+            return super().complete(request, cancel)
+
+    cfg = CompletionConfig()
+    completer = Completer(Recording(text="x"), cfg, index, [root])
+    for typed in ("", "S", "Sh", "Sha"):
+        before = MAIN + typed
+        snap = Snapshot(uri=(root / "app.py").as_uri(), version=1, language="python", path="app.py",
+                        before=before, after="):\n    pass\n")
+        request = build_request(snap, cfg)
+        completer.complete(request, threading.Event(), context_for(snap, request, cfg))
+    first = seen[0]
+    assert first[0].path == display_path(str(root / "geo" / "shapes.py"), [root])
+    assert "\nclass Shape:\n" in first[0].text  # the file's stub, its entries in file order
+    assert all(s == first for s in seen)  # typing within the line: the same snippets (a reused prompt head)
+    off = Completer(Recording(text="x"), CompletionConfig(digest_share=0.0), index, [root])
+    snap = Snapshot(uri=(root / "app.py").as_uri(), version=1, language="python", path="app.py", before=MAIN, after="\n")
+    request = build_request(snap, off.cfg)
+    off.complete(request, threading.Event(), context_for(snap, request, off.cfg))
+    assert not any("    \"\"\"A plane figure.\"\"\"\n    sides: int" in s.text for s in seen[-1])  # digest off
+
+
+def test_a_broken_index_gives_no_digest_and_no_error(ws):
+    root, _ = ws
+
+    class Broken:
+        files = None
+
+        def symbols_in(self, path):
+            raise RuntimeError("boom")
+
+        def chunk(self, cid):
+            return None
+
+        def search(self, query, k, exclude=None):
+            return []
+
+    finder = ContextFinder(Broken(), [root], display_path)
+    ctx = build_context(MAIN, "\n", MAIN, str(root / "app.py"), "python", 8)
+    assert finder.snippets(ctx, 2, 2, 30, digest_tokens=500) == ()
