@@ -12,7 +12,9 @@ Arms (``--arms``):
 - ``retrieval``: definitions of names near the cursor plus BM25/dense chunks, without the imports digest;
 - ``digest``: the product's default (imports digest, then definitions, then chunks).
 
-Per arm it reports ``in_prompt`` (the share of tasks whose prompt, as the engine builds it, holds the
+Per arm it reports ``context_ms`` (the first request at the task: a cold context step),
+``warm_keystroke_ms_p99`` (three keystrokes typed on at each task: `context_for` plus the context
+step, as each keystroke pays them), ``in_prompt`` (the share of tasks whose prompt, as the engine builds it, holds the
 needed definition: its file's path and its signature line), the tokens spent on cross-file context,
 and with the model: exact match of the line's rest, edit similarity, and how often the answer starts
 with the imported name.
@@ -31,6 +33,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from indexer.bench import percentile
 
 ARMS = {
     "none": {"snippets": 0, "definitions": 0, "digest_share": 0.0},
@@ -148,6 +152,15 @@ def _signature(index: Any, sym: Any) -> str:
     return ""
 
 
+def _context_for_s(snap: Any, request: Any, cfg: Any) -> float:
+    """Seconds `context_for` takes for a snapshot (the part of the context step run on every keystroke)."""
+    from lsp_server.completer import context_for
+
+    started = time.perf_counter()
+    context_for(snap, request, cfg)
+    return time.perf_counter() - started
+
+
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.bench_model import _edit_similarity
     from lsp_server.completer import Completer, build_request, context_for, make_engine, open_index
@@ -175,7 +188,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     for arm in arms:
         cfg = dataclasses.replace(config.completion, mode="single", **ARMS[arm])
         completer = Completer(engine, cfg, index, [root])
-        found, tokens, exact, sim, named, context_ms = [], [], [], [], [], []
+        found, tokens, exact, sim, named, context_ms, warm_ms = [], [], [], [], [], [], []
         for task in tasks:
             text = Path(task.path).read_text(encoding="utf-8")
             snap = Snapshot(uri=Path(task.path).as_uri(), version=0, language=Path(task.path).suffix.lstrip("."),
@@ -185,6 +198,13 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             started = time.perf_counter()
             chunks = completer._retrieve(context)
             context_ms.append((time.perf_counter() - started) * 1e3)
+            for typed in range(1, 4):  # keystrokes within the line: the warm path the editor takes while typing
+                typing = dataclasses.replace(snap, before=snap.before + task.expected[:typed])
+                t_req = build_request(typing, cfg)
+                t_ctx = context_for(typing, t_req, cfg)  # counted too: it runs on every keystroke
+                started = time.perf_counter()
+                completer._retrieve(t_ctx)
+                warm_ms.append((time.perf_counter() - started + _context_for_s(typing, t_req, cfg)) * 1e3)
             prompt = engine.prompt_for(dataclasses.replace(request, snippets=chunks))
             shown = display_path(task.def_path, [root])
             found.append(any(s.path == shown and task.signature[:40] in s.text for s in prompt.snippets))
@@ -202,6 +222,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             "context_tokens_mean": round(statistics.fmean(tokens), 1) if tokens else 0.0,
             "context_ms_p50": round(statistics.median(context_ms), 2) if context_ms else 0.0,
             "context_ms_max": round(max(context_ms), 2) if context_ms else 0.0,
+            "warm_keystroke_ms_p99": percentile(warm_ms, 99),
         }
         if exact:
             row.update(exact=round(sum(exact) / n, 3), exact_count=sum(exact),

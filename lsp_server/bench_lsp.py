@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from indexer.bench import percentile
+
 SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "dist", ".tox", "site-packages"}
 
 
@@ -106,13 +108,6 @@ class Run:
     seconds: float = 0.0
 
 
-def _pct(data: list[float], q: float) -> float:
-    if not data:
-        return 0.0
-    data = sorted(data)
-    return round(data[min(len(data) - 1, int(q * len(data)))], 2)
-
-
 def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
     firsts = [x for x in run.samples if x.first and x.outcome in ("text", "empty")]
     s = [x for x in run.samples if not x.first]
@@ -129,11 +124,11 @@ def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
         "cancelled": sum(1 for x in s if x.outcome == "cancelled"),
         "superseded": sum(1 for x in s if x.superseded),
         "errors": sum(1 for x in s if x.outcome in ("error", "timeout")),
-        "p50_ms": _pct([x.latency_ms for x in kept], 0.5),
-        "p99_ms": _pct([x.latency_ms for x in kept], 0.99),
-        "pause_p50_ms": _pct([x.latency_ms for x in pauses], 0.5),
-        "pause_p99_ms": _pct([x.latency_ms for x in pauses], 0.99),
-        "first_p50_ms": _pct([x.latency_ms for x in firsts], 0.5),
+        "p50_ms": percentile([x.latency_ms for x in kept], 50, 2),
+        "p99_ms": percentile([x.latency_ms for x in kept], 99, 2),
+        "pause_p50_ms": percentile([x.latency_ms for x in pauses], 50, 2),
+        "pause_p99_ms": percentile([x.latency_ms for x in pauses], 99, 2),
+        "first_p50_ms": percentile([x.latency_ms for x in firsts], 50, 2),
         "first_max_ms": round(max((x.latency_ms for x in firsts), default=0.0), 2),
         "max_in_flight": status.get("generations", {}).get("max_in_flight", -1),
         "stale_answers": sum(1 for x in s if x.stale),

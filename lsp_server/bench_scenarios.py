@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.types import CompletionRequest, Limits, SpecConfig
+from indexer.bench import percentile
 from lsp_server.config import CompletionConfig
 from lsp_server.documents import prefix_window, suffix_window
 
@@ -292,11 +293,6 @@ def _timed(engine, request: CompletionRequest, cache: str, spec: SpecConfig, dra
     return res, time.perf_counter() - started
 
 
-def _pct(data: list[float], q: float) -> float:
-    data = sorted(data)
-    return 1000 * data[min(len(data) - 1, int(q * len(data)))] if data else 0.0
-
-
 def measure_costs(engine, context: int, ks=(1, 2, 4, 8, 16), reps: int = 15) -> dict:
     """What one step costs at `context` tokens: target forwards of k tokens (a plain step is k=1,
     verifying a proposal of k-1 is k) and a draft forward of one token; medians of `reps`."""
@@ -365,7 +361,7 @@ def _modes_report(cells, s: str, modes, cache: str) -> dict:
         out[m] = {
             "tasks": len(c.seconds),
             "p50_ms": 1000 * statistics.median(c.seconds) if c.seconds else 0.0,
-            "p99_ms": _pct(c.seconds, 0.99),
+            "p99_ms": percentile([1000 * x for x in c.seconds], 99),
             "tokens_per_s": c.tokens / total if total else 0.0,
             "acceptance": c.accepted / c.proposed if c.proposed else None,
             "accepted_per_step": (c.accepted + c.steps) / c.steps if c.steps else None,

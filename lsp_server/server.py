@@ -9,6 +9,7 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,9 @@ def model_label(model) -> str:
     (clients used to read the empty string as "no model" while it was serving)."""
     from engine.bundled import DEFAULT_LABEL
 
+    remote = model.remote
+    if isinstance(remote, Mapping) and remote.get("url"):
+        return f"remote:{remote.get('model') or remote['url']}"
     return model.target or DEFAULT_LABEL
 
 
@@ -288,8 +292,16 @@ class Draftline:
     # -- status ----------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         tel, sched = self.telemetry, self.scheduler.stats
+        engine_info: dict[str, Any] = {"state": self.slot.state, "target": model_label(self.config.model),
+                                       "error": self.slot.error}
+        engine = self.slot.completer.engine if self.slot.completer is not None else None
+        if callable(getattr(engine, "status", None)):  # the remote backend: its state, failures, fallbacks
+            try:
+                engine_info["remote"] = engine.status()
+            except Exception as exc:
+                engine_info["remote"] = {"state": "error", "error": str(exc)}
         return {
-            "engine": {"state": self.slot.state, "target": model_label(self.config.model), "error": self.slot.error},
+            "engine": engine_info,
             "requests": tel.requests,
             "answered": tel.answered,
             "empty": tel.empty,

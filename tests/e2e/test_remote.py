@@ -41,6 +41,9 @@ async def test_a_failing_remote_falls_back_to_the_local_model(client: LanguageCl
     found = items(await client.text_document_inline_completion_async(inline_params(end_of(DOC))))
     assert [i.insert_text for i in found] == ["local answer"]
     assert len(backend.requests) == 1
+    engine = (await status(client))["engine"]
+    assert engine["target"].startswith("remote:")
+    assert engine["remote"]["fallbacks"] == 1 and engine["remote"]["failures"]["http"] == 1
 
 
 async def test_a_refused_url_is_a_load_failure_not_a_crash(client: LanguageClient, backend: SSEServer):
