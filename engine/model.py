@@ -19,8 +19,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 def pick_device(device: str | None = None) -> torch.device:
-    """CUDA when present, else CPU (an explicit choice wins)."""
-    if device:
+    """CUDA when present, else CPU (an explicit choice wins; "auto" or None chooses)."""
+    if device and device != "auto":
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

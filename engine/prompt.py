@@ -147,7 +147,7 @@ class PromptBuilder:
         self.tokenizer = tokenizer
         self.budget = budget
         self.repo = repo
-        self._anchor: dict[str, int] = {}  # uri -> absolute char offset of the window's first line
+        self._anchor: dict[str, int] = {}  # uri -> char offset (in the request's prefix) of the window's first line
         # one build encodes the window twice (budget check, then the prompt), and the suffix and
         # snippets come back unchanged keystroke after keystroke: remember recent encodings
         self._encoded = functools.lru_cache(maxsize=128)(self._encode_tuple)
@@ -173,9 +173,8 @@ class PromptBuilder:
             ids.add(int(self.tokenizer.eos_token_id))
         return frozenset(ids)
 
-    def build(self, request: CompletionRequest, prefix_offset: int = 0, total: int | None = None) -> Prompt:
-        """`prefix_offset`: where request.prefix starts in the document (for anchoring); `total`: a
-        smaller token budget than the configured one for this prompt (to leave room for a long answer)."""
+    def build(self, request: CompletionRequest, total: int | None = None) -> Prompt:
+        """`total`: a smaller token budget than the configured one for this prompt (to leave room for a long answer)."""
         b = self.budget if total is None or total >= self.budget.total else replace(self.budget, total=total)
         suffix = "" if self.template.order == "none" else self._fit_lines(request.suffix, int(b.total * b.suffix_share), head=True)
         snippet_budget = int(b.total * b.snippet_share)
@@ -188,25 +187,25 @@ class PromptBuilder:
             chosen.append(s)
             used += cost
         prefix_budget = b.total - used - len(self.encode(suffix)) - 16
-        start = self._anchor_window(request, prefix_offset, max(prefix_budget, 32))
+        start = self._anchor_window(request, max(prefix_budget, 32))
         prefix = request.prefix[start:]
         bos = self.tokenizer.bos_token or ""
         segments = assemble(self.template, request, chosen, prefix, suffix, bos=bos, repo=self.repo)
         tokens = tokens_for(segments, self.encode, self.special_id)
         return Prompt(segments, tokens, len(chosen), len(prefix), tuple(chosen))
 
-    def _anchor_window(self, request: CompletionRequest, offset: int, budget: int) -> int:
+    def _anchor_window(self, request: CompletionRequest, budget: int) -> int:
         """Start (in request.prefix) of the local window: a line start whose tail fits the budget."""
         text = request.prefix
         key = request.uri or request.path
         prev = self._anchor.get(key)
         if prev is not None:
-            rel = prev - offset
+            rel = prev
             if 0 <= rel <= len(text) and (rel == 0 or text[rel - 1] == "\n") and len(self.encode(text[rel:])) <= budget:
                 return rel
         goal = int(budget * (1 - self.budget.margin_share))
         start = self._fit_lines(text, goal, head=False, return_start=True)
-        self._anchor[key] = offset + start
+        self._anchor[key] = start
         return start
 
     def _fit_lines(self, text: str, budget: int, head: bool, return_start: bool = False):

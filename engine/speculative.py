@@ -205,7 +205,6 @@ def generate(
         if proposal:
             stats.proposed.append(len(proposal))
             stats.accepted.append(n_ok)
-            stats.drafter_used.append(getattr(drafter, "last_used", drafter.name))
             gamma.update(n_ok, len(proposal))
             drafter.feedback(n_ok, len(proposal))
         for tok in accepted[:-1]:  # drafts the target agreed with, already in its cache

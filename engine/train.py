@@ -143,14 +143,6 @@ def default_state_dir(out: Path) -> Path:
     return Path.home() / ".cache" / "draftline" / "train-state" / key
 
 
-def pick_device(name: str = "auto"):
-    import torch
-
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
 def _row_batch(rows, cfg: TrainConfig, rng, pad: int, device=None):
     import torch
 
@@ -210,6 +202,8 @@ def train(cfg: TrainConfig) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
     t_start = time.perf_counter()
+    from engine.model import pick_device
+
     device = pick_device(cfg.device)
     # the per-package cap grows with the budget, so a larger corpus (for a GPU run) is not all one library
     corpus = collect(max_chars=cfg.max_chars, per_package_chars=max(8_000_000, cfg.max_chars * 2 // 15))

@@ -77,7 +77,6 @@ class CompletionStats:
     generated_tokens: int = 0
     proposed: list[int] = field(default_factory=list)  # per step
     accepted: list[int] = field(default_factory=list)  # per step (draft tokens, bonus excluded)
-    drafter_used: list[str] = field(default_factory=list)  # per step: "ngram" | "draft" | "none"
     target_forwards: int = 0
     draft_forwards: int = 0
     prefill_s: float = 0.0

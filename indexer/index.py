@@ -1,4 +1,4 @@
-"""The Index facade: build/refresh, incremental touch/remove, hybrid search and definitions lookup."""
+"""The Index facade: build, incremental touch/remove, hybrid search and definitions lookup."""
 
 from __future__ import annotations
 
@@ -183,7 +183,6 @@ class Index:
         return {"files": st.files, "chunks": st.chunks, "chars": st.chars, "symbols": st.symbols,
                 "seconds": round(self._last_index_s, 3), "skipped": st.skipped, "indexed_now": total}
 
-    refresh = build
 
     def _note_skip(self, path: str, reason: str | None) -> None:
         if reason and reason not in ("vanished", "outside_roots", "ignored"):

@@ -84,7 +84,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the LSP server (stdio unless --tcp)")
-    serve.add_argument("--stdio", action="store_true", help="talk LSP over stdin/stdout (the default)")
+    serve.add_argument("--stdio", action="store_true",
+                       help="talk LSP over stdin/stdout (the default; accepted because clients pass it)")
     serve.add_argument("--tcp", metavar="HOST:PORT", help="listen on a TCP address instead of stdio")
     serve.add_argument("--config", type=Path, default=None,
                        help="user config TOML (default ~/.config/draftline/config.toml)")

@@ -73,9 +73,6 @@ class Scheduler:
         """Run ``fn`` on the engine thread (model loading: the thread that owns the models)."""
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn)
 
-    def run_sync(self, fn: Callable[[], T]) -> T:
-        return self._executor.submit(fn).result()
-
     def _run(self, job: Callable[[threading.Event], T], token: threading.Event) -> T | None:
         with self._lock:
             if token.is_set():

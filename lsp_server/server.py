@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import uuid
@@ -532,6 +533,9 @@ def run_serve(args: Any) -> int:
     """``draftline serve``: stdio by default, ``--tcp HOST:PORT`` to listen instead."""
     if not getattr(args, "verbose", False):
         logging.getLogger("pygls").setLevel(logging.WARNING)  # it logs every message at INFO
+    if getattr(args, "stdio", False) and args.tcp:
+        print("draftline serve: --stdio and --tcp exclude each other", file=sys.stderr)
+        return 2
     ls = build_server(getattr(args, "config", None))
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")
