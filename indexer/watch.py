@@ -155,13 +155,17 @@ class _Handler(FileSystemEventHandler):
         self._callback(event)
 
 
-def watch_index(index, debounce_s: float | None = None, sink: IndexSink | None = None) -> Watcher:
+def watch_index(index, debounce_s: float | None = None, sink: IndexSink | None = None,
+                always: tuple[str, ...] = ()) -> Watcher:
     """Start a Watcher for an :class:`indexer.Index`'s roots, with its filter and its cache dir.
 
-    The changes go to ``sink`` (default: the index itself).
+    The changes go to ``sink`` (default: the index itself); files named in ``always`` reach it even
+    where the index's filter ignores them (the server's own settings file).
     """
 
     def ignored(path: str) -> bool:
+        if always and os.path.basename(path) in always:
+            return False
         if path.endswith(os.sep):
             return index.filter.path_reason(Path(path.rstrip(os.sep)) / "x") == "ignored"
         return index.filter.path_reason(Path(path)) is not None

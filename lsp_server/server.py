@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import contextlib
 import logging
 import os
@@ -23,7 +24,7 @@ from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import to_fs_path
 
 from lsp_server.completer import Completer, IndexHandle, SuggestionCache, build_request, context_for, make_engine
-from lsp_server.config import Config, resolve_config
+from lsp_server.config import WORKSPACE_FILE, Config, IndexConfig, resolve_config
 from lsp_server.documents import ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, with_selection
 from lsp_server.scheduler import Scheduler, Telemetry, rss_mb
 
@@ -86,6 +87,7 @@ class Draftline:
         self.roots: list[Path] = []
         self.last_chunks: list[str] = []
         self._overlay_timers: dict[str, asyncio.TimerHandle] = {}  # uri -> pending re-index of its buffer
+        self._index_started = False
 
     # -- configuration and the engine ------------------------------------------------------------
     def configure(self, client_settings: Any = None) -> None:
@@ -103,6 +105,9 @@ class Draftline:
             self.cache = SuggestionCache(self.config.completion.cache_size)
         if self.slot.completer is not None:
             self.slot.completer.cfg = self.config.completion
+        if self._index_started and _index_needs_rebuild(old.index, self.config.index):
+            log.info("index settings changed: re-indexing")
+            asyncio.ensure_future(self.reindex())
         if self.slot.state == "empty" or old.model != self.config.model:
             self.slot = EngineSlot("loading")  # from now on requests answer empty until ready
             asyncio.ensure_future(self.load_engine(self.config))
@@ -209,6 +214,7 @@ class Draftline:
     # -- documents and the index -----------------------------------------------------------------
     async def start_index(self) -> None:
         """Open and build the workspace index on a worker thread; retrieval uses it once open."""
+        self._index_started = True  # from now on, a change of [index] settings re-indexes
         if not (self.config.index.enabled and self.roots):
             return
         loop = asyncio.get_running_loop()
@@ -217,7 +223,7 @@ class Draftline:
             await progress.start()
         try:
             report = progress.report if progress else None
-            watch = WatchSink(loop, self.disk_changed)
+            watch = WatchSink(loop, self.disk_changed, always=(WORKSPACE_FILE,))
             await in_daemon_thread(self.index.open_and_build, list(self.roots), self.config.index, report, watch)
         finally:
             if progress is not None:
@@ -275,9 +281,13 @@ class Draftline:
             self.disk_changed(path, event.type == t.FileChangeType.Deleted)
 
     def disk_changed(self, path: str, deleted: bool) -> None:
-        """A file changed on disk, as the client or our watcher saw it: the index hears it once."""
+        """A file changed on disk, as the client or our watcher saw it: the index hears it once.
+        A root's ``.draftline.toml`` re-resolves the configuration (and what it changes follows)."""
         if not self.disk_changes.is_new(path, deleted):
             return
+        if os.path.basename(path) == WORKSPACE_FILE and Path(path).parent in self.roots:
+            log.info("%s changed: configuration re-read", path)
+            self.configure()
         if deleted:
             self.index.remove(path)
         else:
@@ -331,6 +341,11 @@ class Draftline:
         }
 
 
+def _index_needs_rebuild(old: IndexConfig, new: IndexConfig) -> bool:
+    """Whether an [index] change needs the index reopened (the overlay delay is read where it is used)."""
+    return dataclasses.replace(old, overlay_delay_ms=new.overlay_delay_ms) != new
+
+
 class DiskChanges:
     """Changes on disk reported twice (the client's file watcher and ours) pass once.
 
@@ -367,6 +382,7 @@ class WatchSink:
 
     loop: asyncio.AbstractEventLoop
     changed: Any  # (path, deleted) -> None, run on the loop
+    always: tuple[str, ...] = ()  # file names reported even where the index ignores them (.draftline.toml)
 
     def touch(self, path: str) -> None:
         self._post(path, False)

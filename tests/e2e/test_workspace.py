@@ -168,3 +168,23 @@ async def test_the_index_follows_changes_on_disk_without_any_client_notification
                    and s["index"]["files"] == 1 and s["index"]["watching"])
     (second / "more.py").write_text("def more():\n    return 1\n")
     await wait_for(client, lambda s: s["index"]["files"] == 2, deadline_s=20)
+
+
+async def test_index_settings_apply_live_from_the_client_and_from_the_workspace_file(client: LanguageClient, tmp_path: Path):
+    """[index] changes take effect without a restart: from didChangeConfiguration, and from an edit
+    of the root's .draftline.toml that no client reports (the server's watcher sees it)."""
+    root = workspace(tmp_path)
+    await initialize(client, init_options=index_options(tmp_path), roots=(root,))
+    await wait_for(client, lambda s: s["index"]["state"] == "ready" and s["index"]["files"] == 3)
+
+    off = {"draftline": {"index": {"enabled": False}}}
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings=off))
+    await wait_for(client, lambda s: s["index"]["state"] == "none")
+    on = {"draftline": {"index": {"enabled": True}}}
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings=on))
+    await wait_for(client, lambda s: s["index"]["state"] == "ready" and s["index"]["files"] == 3)
+
+    # the workspace file: files over 60 bytes are skipped from now on (helpers.py and other.py are
+    # longer; main.py and the TOML itself stay)
+    (root / ".draftline.toml").write_text("[index.options]\nmax_file_bytes = 60\n")
+    await wait_for(client, lambda s: s["index"]["state"] == "ready" and s["index"]["files"] == 2, deadline_s=20)
