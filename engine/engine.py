@@ -31,6 +31,8 @@ class EngineConfig:
     backend: str = "auto"  # transformers | lean | auto (lean where it runs the architecture exactly)
     quant: str = "none"  # lean decoder weights for decode/verify: none (the dtype's) | int8 (CPU, bfloat16)
     remember_completions: int = 16  # previous completions the n-gram drafter may copy from
+    # every field reaches model.options through load_engine: template, backend, quant, prompt_tokens
+    # (budget.total), snippet_share (budget.snippet_share), remember_completions, and SpecConfig's
 
 
 class Engine:
@@ -251,7 +253,8 @@ QUANTS = ("auto", "none", "int8")
 def load_engine(target: str, draft: str | None = None, *, device: str | None = None, dtype: str = "auto",
                 trust_remote_code: bool = False, config: EngineConfig = EngineConfig(),
                 backend: str | None = None, quant: str = "auto", prompt_tokens: int | None = None,
-                **spec: Any) -> Engine:
+                template: str | None = None, snippet_share: float | None = None,
+                remember_completions: int | None = None, **spec: Any) -> Engine:
     """Load a target (and optional draft sharing its tokenizer) and build an Engine.
 
     ``backend`` (auto | lean | transformers | llamacpp) overrides ``config.backend``, and SpecConfig
@@ -259,7 +262,9 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     so that the server's ``model.options = { backend = "llamacpp", drafter = "ngram" }`` reaches them.
     A model from a GGUF file on the CPU runs, by default ("auto"), in bfloat16 with int8 weights for
     decode and verify (``quant``); other models keep float32 there. ``prompt_tokens`` caps the
-    prompt (default: CPU_PROMPT_TOKENS on the CPU, GPU_PROMPT_TOKENS on a GPU).
+    prompt (default: CPU_PROMPT_TOKENS on the CPU, GPU_PROMPT_TOKENS on a GPU); ``snippet_share`` is
+    the share of it cross-file context may take; ``template`` names the prompt format (a family of
+    engine.prompt.TEMPLATES) where detection from the tokenizer is wrong.
     """
     if unknown := sorted(set(spec) - set(SPEC_OPTIONS)):
         raise ValueError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(SPEC_OPTIONS)}")
@@ -271,6 +276,16 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
                          f"not {config.spec.drafter!r} / {config.spec.schedule!r}")
     if backend is not None:
         config = dataclasses.replace(config, backend=backend)
+    if template is not None:
+        if template not in TEMPLATES and template != "auto":
+            raise ValueError(f"template must be auto or one of {', '.join(TEMPLATES)}, not {template!r}")
+        config = dataclasses.replace(config, template=template)
+    if snippet_share is not None:
+        if not 0.0 <= snippet_share < 1.0:
+            raise ValueError(f"snippet_share must be in [0, 1), not {snippet_share!r}")
+        config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, snippet_share=snippet_share))
+    if remember_completions is not None:
+        config = dataclasses.replace(config, remember_completions=max(0, int(remember_completions)))
     if config.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {config.backend!r}")
     if quant not in QUANTS:
@@ -285,7 +300,7 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     if quant == "int8" and dtype == "auto":
         dtype = "bfloat16"
     config = dataclasses.replace(config, quant=quant)
-    if prompt_tokens or config.budget == PromptBudget():  # a caller's own budget stays
+    if prompt_tokens or config.budget.total == PromptBudget().total:  # a caller's own budget stays
         total = prompt_tokens or (CPU_PROMPT_TOKENS if on_cpu else GPU_PROMPT_TOKENS)
         config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, total=total))
     tgt = load_model(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)

@@ -289,3 +289,16 @@ def test_single_line_requests_can_draft_differently(engine):
     assert not engine.complete(single, threading.Event(), spec).stats.proposed  # no drafting on one line
     multi = engine.complete(REQ, threading.Event(), spec)
     assert multi.stats.proposed and multi.tokens == engine.complete(REQ, threading.Event(), SpecConfig(drafter="none")).tokens
+
+
+def test_every_engine_config_field_reaches_model_options(model_dirs):
+    """model.options carries template, snippet_share and remember_completions (and the rest) to the engine."""
+    eng = load_engine(str(model_dirs["target"]), None, dtype="float32", template="plain", snippet_share=0.2,
+                      remember_completions=3, prompt_tokens=300)
+    assert eng.template.family == "plain"
+    assert eng.prompts.budget.snippet_share == 0.2 and eng.prompts.budget.total == 300
+    assert eng.history.maxlen == 3 and eng.snippet_budget() == 60
+    with pytest.raises(ValueError, match="template must be"):
+        load_engine(str(model_dirs["target"]), None, template="nonesuch")
+    with pytest.raises(ValueError, match="snippet_share"):
+        load_engine(str(model_dirs["target"]), None, snippet_share=1.5)
