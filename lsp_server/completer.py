@@ -363,7 +363,8 @@ class IndexHandle:
     It is itself a Retriever (empty until the index is open), so the completer holds it from the start.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, registry: Any = None) -> None:
+        self.registry = registry  # lsp_server.daemon.IndexRegistry: indexes shared between sessions
         self.index: Any = None
         self.state = "none"  # none | building | ready | failed | unavailable
         self._epoch = 0  # bumped by each open and detach
@@ -381,13 +382,13 @@ class IndexHandle:
         """
         self._epoch += 1
         epoch = self._epoch
-        index = open_index(roots, cfg)
+        index = self.registry.acquire(roots, cfg) if self.registry is not None else open_index(roots, cfg)
         if index is None:
             if cfg.enabled and roots and epoch == self._epoch:
                 self.state = "unavailable"  # it could not open (logged): completions go on without retrieval
             return
         if epoch != self._epoch:  # the roots changed while it opened
-            index.close()
+            self.release(index)
             return
         self.index, self.state = index, "building"
         if watch is not None:  # before the build: a change while it walks is not missed
@@ -489,12 +490,20 @@ class IndexHandle:
         except Exception as exc:
             return {"state": "error", "error": str(exc)}
 
+    def release(self, index: Any) -> None:
+        """Let go of an index this handle held (closed, or left to the sessions that still share it)."""
+        if index is None:
+            return
+        if self.registry is not None:
+            self.registry.release(index)
+        elif hasattr(index, "close"):
+            index.close()
+
     def close(self) -> None:
         watcher = self._stop_watching()
         if watcher is not None:
             watcher.stop()
-        if self.index is not None and hasattr(self.index, "close"):
-            self.index.close()
+        self.release(self.index)
 
 
 def _index_options(cls: type, options: Mapping[str, Any]) -> Any:

@@ -20,6 +20,7 @@ from urllib.parse import unquote
 from lsprotocol import types as t
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import JsonRPCNotification, LanguageServerProtocol
+from pygls.protocol.language_server import lsp_method
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import to_fs_path
 
@@ -36,7 +37,21 @@ DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
 
 
 class DraftlineProtocol(LanguageServerProtocol):
-    """pygls' protocol, but a request whose params do not parse gets -32602 instead of silence."""
+    """pygls' protocol, but a request whose params do not parse gets -32602 instead of silence, and in
+    a daemon's session `exit` ends the session (its connection), not the process."""
+
+    session_stop: threading.Event | None = None  # set by lsp_server.daemon for each connection
+
+    @lsp_method(t.EXIT)
+    def lsp_exit(self, *args: Any):
+        if self.session_stop is None:
+            yield from super().lsp_exit(*args)
+            return
+        if (user_handler := self.fm.features.get(t.EXIT)) is not None:
+            yield user_handler, args, None
+        self.session_stop.set()
+        if self.writer is not None:
+            self.writer.close()
 
     def structure_message(self, data: dict[str, Any]):
         try:
@@ -72,17 +87,20 @@ class EngineSlot:
 class Draftline:
     """Server state owned by the event loop; the engine lives on the scheduler's thread."""
 
-    def __init__(self, ls: LanguageServer, user_config: Path | None = None):
+    def __init__(self, ls: LanguageServer, user_config: Path | None = None, shared: Any = None):
         self.ls = ls
+        self.shared = shared  # lsp_server.daemon.Shared: the engine thread, engines, indexes (serve --tcp)
+        self.session = shared.session_id() if shared is not None else ""
         self.user_config = user_config
         self.config = Config()
         self.init_options: Any = None
         self.client_settings: dict[str, Any] | None = None  # the last didChangeConfiguration push
-        self.scheduler = Scheduler()
+        self.scheduler = shared.scheduler if shared is not None else Scheduler()
         self.cache = SuggestionCache()
         self.telemetry = Telemetry()
         self.slot = EngineSlot()
-        self.index = IndexHandle()  # a Retriever that is empty until the workspace index is open
+        # a Retriever that is empty until the workspace index is open
+        self.index = IndexHandle(shared.indexes if shared is not None else None)
         self.disk_changes = DiskChanges()  # the client's file events and our watcher's, deduplicated
         self.roots: list[Path] = []
         self.last_chunks: list[str] = []
@@ -114,7 +132,10 @@ class Draftline:
 
     async def load_engine(self, config: Config) -> None:
         try:
-            engine = await self.scheduler.call(lambda: make_engine(config.model))
+            if self.shared is not None:
+                engine = await self.shared.engine(config.model)
+            else:
+                engine = await self.scheduler.call(lambda: make_engine(config.model))
         except Exception as exc:
             log.exception("model failed to load")
             if config.model != self.config.model:
@@ -182,7 +203,7 @@ class Draftline:
         def job(cancel):  # on the engine thread: never start for a version that already moved
             return completer.complete(request, cancel, context) if self.is_current(snap.uri, snap.version) else None
 
-        done = await self.scheduler.submit(unquote(snap.uri), job, self.config.completion.debounce_ms / 1e3)
+        done = await self.scheduler.submit(self.job_key(snap.uri), job, self.config.completion.debounce_ms / 1e3)
         if done is not None and done.result is not None:
             stats = done.result.stats
             self.telemetry.engine_runs += 1
@@ -234,15 +255,20 @@ class Draftline:
         old = self.index.detach()
         self.disk_changes.clear()
         if old is not None and hasattr(old, "close"):
-            await in_daemon_thread(old.close)
+            await in_daemon_thread(self.index.release, old)
         await self.start_index()
 
     def _client_shows_progress(self) -> bool:
         window = self.ls.client_capabilities.window
         return bool(window and window.work_done_progress)
 
+    def job_key(self, uri: str) -> str:
+        """The scheduler's key for a document: unquoted like pygls' documents, and this session's own."""
+        return f"{self.session}:{unquote(uri)}" if self.session else unquote(uri)
+
     def close(self) -> None:
-        self.scheduler.close()
+        if self.shared is None:  # a daemon's engine thread outlives its sessions
+            self.scheduler.close()
         self.index.close()
 
     def edited(self, uri: str, text: str | None, immediate: bool = True) -> None:
@@ -251,7 +277,7 @@ class Draftline:
         A change re-indexes the buffer only once typing pauses (``index.overlay_delay_ms``): re-chunking,
         embedding and committing a file per keystroke would take the CPU from the completions.
         """
-        self.scheduler.cancel(unquote(uri))  # scheduler keys are unquoted, like pygls' documents
+        self.scheduler.cancel(self.job_key(uri))
         timer = self._overlay_timers.pop(uri, None)
         if timer is not None:
             timer.cancel()
@@ -444,10 +470,12 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
     return getattr(obj, name, default)
 
 
-def build_server(user_config: Path | None = None) -> LanguageServer:
-    """The composition root of the LSP side: a server with every handler registered."""
+def build_server(user_config: Path | None = None, shared: Any = None) -> LanguageServer:
+    """The composition root of the LSP side: a server with every handler registered (``shared``: a
+    session of `draftline serve --tcp`, lsp_server.daemon)."""
     ls = LanguageServer("draftline", "0.1.0", protocol_cls=DraftlineProtocol)
-    app = Draftline(ls, user_config)
+    app = Draftline(ls, user_config, shared)
+    ls.draftline = app
 
     @ls.feature(t.INITIALIZE)
     def initialize(params: t.InitializeParams) -> None:
@@ -499,7 +527,7 @@ def build_server(user_config: Path | None = None) -> LanguageServer:
 
     @ls.feature(t.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(params: t.DidCloseTextDocumentParams) -> None:
-        app.scheduler.cancel(unquote(params.text_document.uri))
+        app.scheduler.cancel(app.job_key(params.text_document.uri))
         app.cache.forget(params.text_document.uri)
         app.index_touch(params.text_document.uri, None)  # back to the on-disk text
 
@@ -552,10 +580,14 @@ def run_serve(args: Any) -> int:
     if getattr(args, "stdio", False) and args.tcp:
         print("draftline serve: --stdio and --tcp exclude each other", file=sys.stderr)
         return 2
-    ls = build_server(getattr(args, "config", None))
-    if args.tcp:
+    if args.tcp:  # one daemon, several editors: each connection its own session (lsp_server/daemon.py)
+        from lsp_server.daemon import serve_sessions
+
         host, _, port = args.tcp.rpartition(":")
-        ls.start_tcp(host or "127.0.0.1", int(port))
-    else:
-        ls.start_io()
+        try:
+            asyncio.run(serve_sessions(host or "127.0.0.1", int(port), getattr(args, "config", None)))
+        except KeyboardInterrupt:
+            pass
+        return 0
+    build_server(getattr(args, "config", None)).start_io()
     return 0
