@@ -58,7 +58,7 @@ class Entry:
     brief: str = ""  # a shorter stub (signature, constructor) for when ``text`` does not fit; "" = none
 
 
-_HINT_TYPE = re.compile(r"(?:(\w+)\s*:|->|\bclass\s+\w+\s*\(|[\[|,]|\bisinstance\(\w+,)\s*$")
+_HINT_TYPE = re.compile(r"(?:(\w+)\s*:|->|\bclass\s+\w+\s*\(|[\[|,]|\bisinstance\(\w+,)\s*[\"']?$")
 _HINT_EXC = re.compile(r"(?:\braise|\bexcept|\bthrow\s+new|\bcatch\s*\()\s*\(?\s*$")
 _HINT_NEW = re.compile(r"\bnew\s+$")
 _KEYWORDS = frozenset({"else", "try", "finally", "except", "default", "case", "return"})
@@ -301,7 +301,7 @@ class Digest:
         symbols = self.retriever.symbols_in(target)
         python = language_of(target) == "python"
         name = imp.name
-        if name in (None, "default") or _is_module_file(target, name):
+        if name in (None, "default") or _is_module_file(target, name, imp.module):
             tops = [s for s in symbols if s.container is None and not s.name.startswith("_")]
             # definitions before constants, each group in file order
             tops = [s for s in tops if s.kind != "variable"] + [s for s in tops if s.kind == "variable"]
@@ -454,8 +454,12 @@ def _short(line: str, limit: int = 100) -> str:
     return line[:limit].rstrip() + "..." + (m.group(1) if m else "")
 
 
-def _is_module_file(target: str, name: str | None) -> bool:
+def _is_module_file(target: str, name: str | None, module: str = "") -> bool:
+    """Is ``target`` the module ``name`` itself (``from pkg import mod``), not a module defining ``name``
+    (``from .mod import mod``)?"""
     stem = os.path.splitext(os.path.basename(target))[0]
+    if module.replace("/", ".").rstrip(".").split(".")[-1] == name:
+        return False
     return bool(name) and (stem == name or (stem in ("__init__", "index", "mod") and os.path.basename(os.path.dirname(target)) == name))
 
 

@@ -145,6 +145,7 @@ def test_cursor_hint():
     assert cursor_hint("    x = ") == ("", "")
     assert cursor_hint("f(a, ") == ("", "")
     assert cursor_hint("lambda x: ") == ("", "")
+    assert cursor_hint('def f(console: "') == ("type", "console")  # a forward reference in quotes
 
 
 def test_signature_on_one_line_and_decorators_kept_only_when_they_inform():
