@@ -22,7 +22,7 @@ from lsp_server.documents import prefix_window, suffix_window
 
 log = logging.getLogger(__name__)
 
-MODES = {  # name -> how it drafts and how it picks gamma (the modes: the draft always proposes gamma)
+SPEC_MODES = {  # name -> how it drafts and how it picks gamma (the modes: the draft always proposes gamma)
     "plain": SpecConfig(drafter="none"),
     "fixed-g5": SpecConfig(drafter="draft", schedule="fixed", gamma=5, draft_confidence=0.0),
     "adaptive": SpecConfig(drafter="draft", schedule="adaptive", draft_confidence=0.0),
@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft model sharing the target's tokenizer (default: none; the model-drafting modes are skipped)")
     p.add_argument("--n", type=int, default=6, help="tasks per scenario")
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
-    p.add_argument("--modes", default=",".join(MODES))
+    p.add_argument("--modes", default=",".join(SPEC_MODES))
     p.add_argument("--dtype", default="auto")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="warm,cold",
@@ -219,7 +219,7 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
         return 2
     modes = [m for m in args.modes.split(",") if m]
     if draft is None:  # nothing to draft with but n-gram lookup
-        modes = [m for m in modes if MODES[m].drafter not in ("draft", "hybrid")] if all(m in MODES for m in modes) else modes
+        modes = [m for m in modes if SPEC_MODES[m].drafter not in ("draft", "hybrid")] if all(m in SPEC_MODES for m in modes) else modes
     if "plain" not in modes:
         modes.insert(0, "plain")
     engine = load_engine(target, draft, dtype=args.dtype)
@@ -237,7 +237,7 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
         runs = {}
         for cache in caches:
             for mode in order:
-                runs[(mode, cache)] = _timed(engine, task.request, cache, MODES[mode])
+                runs[(mode, cache)] = _timed(engine, task.request, cache, SPEC_MODES[mode])
             plain = runs[("plain", cache)][0]
             oracle = OracleDrafter(plain.tokens, plain.stats.prompt_tokens)
             runs[(ORACLE, cache)] = _timed(engine, task.request, cache, OracleDrafter.SPEC, oracle)

@@ -19,19 +19,13 @@ from typing import Any, Protocol
 from engine.types import CompletionRequest, CompletionResult, CompletionStats, Limits, Snippet
 from indexer.files import SECRET_REACH, redact_slices
 from indexer.imports import FileTable
+from indexer.models import Chunk
 from lsp_server import postprocess
 from lsp_server.context import Context, ContextFinder, build_context
 from lsp_server.config import WORKSPACE_FILE, CompletionConfig, Config, IndexConfig, ModelConfig, resolve_config
 from lsp_server.documents import Snapshot, display_path, prefix_window, suffix_window, uri_to_path
 
 log = logging.getLogger(__name__)
-
-
-class Chunk(Protocol):
-    path: str
-    start_line: int
-    end_line: int
-    text: str
 
 
 class Retriever(Protocol):

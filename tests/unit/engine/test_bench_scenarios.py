@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lsp_server.bench_scenarios import MODES, degenerate, make_tasks, markdown_table
+from lsp_server.bench_scenarios import SPEC_MODES, degenerate, make_tasks, markdown_table
 from lsp_server.cli import main
 
 
@@ -41,7 +41,7 @@ def test_the_oracle_drafter_is_always_right_and_changes_nothing(model_dirs):
 
     engine = load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32")
     req = make_tasks(1, seed=0, scenarios=("function",))[0].request
-    plain = engine.complete(req, threading.Event(), MODES["plain"])
+    plain = engine.complete(req, threading.Event(), SPEC_MODES["plain"])
     engine.forget()
     res = engine.complete(req, threading.Event(), OracleDrafter.SPEC,
                           drafter=OracleDrafter(plain.tokens, plain.stats.prompt_tokens))
@@ -74,7 +74,7 @@ def test_bench_scenarios_json_plots_and_table(model_dirs, tmp_path, capsys):
     assert set(report["scenarios"]) == {"single-line", "function"}
     assert report["headline_cache"] == "warm"
     for name, data in report["scenarios"].items():
-        assert set(data["modes"]) == set(MODES) | {"oracle"}, name
+        assert set(data["modes"]) == set(SPEC_MODES) | {"oracle"}, name
         assert data["modes"] == data["by_cache"]["warm"] and set(data["by_cache"]) == {"warm", "cold"}
         for cache, modes in data["by_cache"].items():
             for mode, cell in modes.items():
