@@ -42,6 +42,7 @@ class Engine:
         self.target = target
         self.draft = draft
         self.config = config
+        self.base_spec = config.spec  # as configured; apply_overrides derives config.spec from it
         tok = target.tokenizer
         template = TEMPLATES[config.template] if config.template != "auto" else detect_template(tok, target.name)
         shared = min(target.vocab_size, draft.vocab_size) if draft else None
@@ -73,6 +74,15 @@ class Engine:
         if self.draft_lm is not None:
             self.draft_lm.reset()
         self.history.clear()
+
+    def apply_overrides(self, *, gamma: int | None = None, drafter: str | None = None,
+                        target_only: bool = False) -> SpecConfig:
+        """The monitor's rollback actions (lsp_server.monitor): the spec later requests run with is
+        the configured one under these overrides (SpecConfig.with_overrides); no arguments restore
+        it. One attribute swap: a generation already running keeps the spec it started with."""
+        spec = self.base_spec.with_overrides(gamma=gamma, drafter=drafter, target_only=target_only)
+        self.config = dataclasses.replace(self.config, spec=spec)
+        return spec
 
     @property
     def template(self):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from engine.types import CompletionRequest, CompletionResult, CompletionStats
+from engine.types import CompletionRequest, CompletionResult, CompletionStats, SpecConfig
 
 
 @dataclass
@@ -21,8 +21,25 @@ class FakeEngine:
     step_s: float = 0.0
     text: str | None = None
     calls: int = 0
+    # the monitor's hooks, as on Engine: the spec in effect (the text ignores it), and forget() calls
+    base_spec: SpecConfig = field(default_factory=SpecConfig)
+    spec: SpecConfig | None = None  # None: base_spec
+    forgets: int = 0
 
-    def complete(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult:
+    def __post_init__(self) -> None:
+        if self.spec is None:
+            self.spec = self.base_spec
+
+    def apply_overrides(self, *, gamma: int | None = None, drafter: str | None = None,
+                        target_only: bool = False) -> SpecConfig:
+        self.spec = self.base_spec.with_overrides(gamma=gamma, drafter=drafter, target_only=target_only)
+        return self.spec
+
+    def forget(self) -> None:
+        self.forgets += 1
+
+    def complete(self, request: CompletionRequest, cancel: threading.Event,
+                 spec: SpecConfig | None = None) -> CompletionResult:
         self.calls += 1
         words = request.prefix.split()
         last = words[-1] if words else ""

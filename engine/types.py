@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 Mode = Literal["single-line", "multi-line"]
@@ -51,6 +51,29 @@ class SpecConfig:
     draft_confidence: float = 0.5
     temperature: float = 0.0
     seed: int = 0
+
+    def with_overrides(self, *, gamma: int | None = None, drafter: str | None = None,
+                       target_only: bool = False) -> SpecConfig:
+        """This spec under the monitor's rollback (lsp_server.monitor); no arguments = unchanged.
+
+        ``gamma``: a fixed draft length. ``drafter``: the strongest drafter allowed (none < ngram <
+        draft = hybrid), so "ngram" turns hybrid into ngram and leaves ngram or none alone, for
+        single-line requests too. ``target_only``: no drafting at all (plain decoding).
+        """
+        spec = self
+        if gamma is not None:
+            spec = replace(spec, gamma=max(1, int(gamma)), schedule="fixed")
+        cap = "none" if target_only else drafter
+        if cap is not None:
+            def capped(name: str) -> str:
+                return name if not name or DRAFTER_RANK[name] <= DRAFTER_RANK[cap] else cap
+
+            spec = replace(spec, drafter=capped(spec.drafter), single_line_drafter=capped(spec.single_line_drafter))
+        return spec
+
+
+# how much a drafter drafts: the monitor steps down this ladder when drafts are mostly rejected
+DRAFTER_RANK = {"none": 0, "ngram": 1, "draft": 2, "hybrid": 2}
 
 
 @dataclass(frozen=True)

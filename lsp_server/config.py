@@ -66,12 +66,43 @@ class IndexConfig:
 
 
 @dataclass(frozen=True)
+class MonitorConfig:
+    """Live rules with automatic rollback (lsp_server.monitor); defaults from the seed's table.
+
+    Each rule enters its degraded state at the alert threshold and leaves it only once the metric has
+    been within the healthy one for ``recover_s`` seconds and ``recover_samples`` completions.
+    """
+
+    enabled: bool = True
+    window_s: float = 60.0  # sliding window of completions the rules look at
+    min_samples: int = 20  # completions in the window before the latency rule judges
+    recover_s: float = 30.0
+    recover_samples: int = 20
+    latency_ok_ms: float = 200.0  # P99 of engine time (retrieval + generation) per completion
+    latency_alert_ms: float = 300.0
+    degraded_gamma: int = -1  # the action: a fixed draft length; 0 = report only; -1 = auto: 2 on a GPU,
+    # report only on the CPU (its p99 is a new file's cold prefill, which no draft length changes)
+    acceptance_ok: float = 0.6  # accepted / proposed draft tokens over the window
+    acceptance_alert: float = 0.4
+    min_proposed: int = 64  # draft tokens in the window before the acceptance rule judges
+    probe_s: float = 300.0  # with drafting off (nothing to measure): try the next drafter up after this
+    memory_ok: float = 0.85  # share of the machine's memory in use (/proc/meminfo)
+    memory_alert: float = 0.95
+    # every Nth completion is re-run without a drafter on the engine thread and must give the same
+    # text (else: target-only until reset). -1 = auto: 100 on a GPU engine, off on the CPU, where the
+    # re-run costs a whole plain completion the next request waits behind; 0 = off
+    self_check_every: int = -1
+    transitions: int = 20  # state changes kept for draftline/status
+
+
+@dataclass(frozen=True)
 class Config:
     """Everything the server reads from configuration."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     completion: CompletionConfig = field(default_factory=CompletionConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 
 def user_config_path() -> Path:

@@ -27,6 +27,7 @@ from pygls.uris import to_fs_path
 from lsp_server.completer import Completer, IndexHandle, SuggestionCache, build_request, context_for, make_engine
 from lsp_server.config import WORKSPACE_FILE, Config, IndexConfig, resolve_config
 from lsp_server.documents import ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, with_selection
+from lsp_server.monitor import Monitor, monitor_for
 from lsp_server.scheduler import Scheduler, Telemetry, rss_mb
 
 log = logging.getLogger(__name__)
@@ -99,6 +100,7 @@ class Draftline:
         self.cache = SuggestionCache()
         self.telemetry = Telemetry()
         self.slot = EngineSlot()
+        self.monitor: Monitor | None = None  # the rollback rules of the ready engine (lsp_server.monitor)
         # a Retriever that is empty until the workspace index is open
         self.index = IndexHandle(shared.indexes if shared is not None else None)
         self.disk_changes = DiskChanges()  # the client's file events and our watcher's, deduplicated
@@ -123,11 +125,14 @@ class Draftline:
             self.cache = SuggestionCache(self.config.completion.cache_size)
         if self.slot.completer is not None:
             self.slot.completer.cfg = self.config.completion
+        if self.monitor is not None and old.monitor != self.config.monitor:
+            self.monitor.reconfigure(self.config.monitor)  # every rule starts over (target-only too)
         if self._index_started and _index_needs_rebuild(old.index, self.config.index):
             log.info("index settings changed: re-indexing")
             asyncio.ensure_future(self.reindex())
         if self.slot.state == "empty" or old.model != self.config.model:
             self.slot = EngineSlot("loading")  # from now on requests answer empty until ready
+            self.monitor = None  # the next engine gets its own
             asyncio.ensure_future(self.load_engine(self.config))
 
     async def load_engine(self, config: Config) -> None:
@@ -146,6 +151,7 @@ class Draftline:
             return
         if config.model == self.config.model:
             self.slot = EngineSlot("ready", Completer(engine, self.config.completion, self.index, self.roots))
+            self.monitor = monitor_for(engine, self.config.monitor, _engine_runner(self.scheduler))
             log.info("model %r ready", config.model.target)
 
     # -- completion ------------------------------------------------------------------------------
@@ -194,7 +200,7 @@ class Draftline:
 
     async def _generate(self, snap: Snapshot, request) -> str:
         """The engine's text for a snapshot; "" when not ready, superseded, cancelled or stale."""
-        completer = self.slot.completer
+        completer, monitor = self.slot.completer, self.monitor
         if completer is None:
             return ""
 
@@ -211,6 +217,8 @@ class Draftline:
             self.telemetry.recomputed_tokens += max(stats.prompt_tokens - stats.reused_tokens, 0)
             if done.result.cancelled:
                 self.telemetry.engine_cancelled += 1
+            if monitor is not None:
+                monitor.observe_completion(done)
         if done is None or not done.text or (done.result and done.result.cancelled):
             return ""
         if not self.is_current(snap.uri, snap.version):
@@ -361,10 +369,25 @@ class Draftline:
             "acceptance_rate": tel.acceptance(),
             "index": self.index.stats(),
             "memory": {"rss_mb": round(rss_mb(), 1)},
+            "monitor": self.monitor.status() if self.monitor is not None else
+            {"enabled": self.config.monitor.enabled, "state": "idle", "degraded": []},
             "documents": len(self.ls.workspace.text_documents) if self.ls.protocol._workspace else 0,
             "roots": [str(r) for r in self.roots],
             "last_chunks": self.last_chunks,
         }
+
+
+def _engine_runner(scheduler: Scheduler):
+    """Runs the monitor's model work (dropping KV caches, its plain self-check) on the engine thread,
+    queued behind what runs there; called from the event loop."""
+    pending: set[asyncio.Future] = set()
+
+    def run(fn) -> None:
+        future = asyncio.ensure_future(scheduler.call(fn))
+        pending.add(future)
+        future.add_done_callback(pending.discard)
+
+    return run
 
 
 def _index_needs_rebuild(old: IndexConfig, new: IndexConfig) -> bool:

@@ -302,3 +302,19 @@ def test_every_engine_config_field_reaches_model_options(model_dirs):
         load_engine(str(model_dirs["target"]), None, template="nonesuch")
     with pytest.raises(ValueError, match="snippet_share"):
         load_engine(str(model_dirs["target"]), None, snippet_share=1.5)
+
+
+def test_apply_overrides_sets_the_spec_later_requests_run_with(engine):
+    base = engine.config.spec
+    try:
+        spec = engine.apply_overrides(gamma=2, drafter="ngram")
+        assert engine.config.spec is spec and spec == base.with_overrides(gamma=2, drafter="ngram")
+        assert (spec.gamma, spec.schedule) == (2, "fixed")
+        res = engine.complete(REQ, threading.Event())
+        assert res.stats.proposed and max(res.stats.proposed) <= 2
+        engine.apply_overrides(target_only=True)
+        plain = engine.complete(REQ, threading.Event())
+        assert not plain.stats.proposed and plain.tokens == res.tokens
+    finally:
+        engine.apply_overrides()
+    assert engine.config.spec == base == engine.base_spec
