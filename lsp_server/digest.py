@@ -244,6 +244,8 @@ class Digest:
             entry = self._entries[key]
             if entry is not None:
                 built.append((imp, entry))
+        if not built:
+            return []  # nothing the file imports is the workspace's
         out: list[Entry] = []
         seen: set[tuple[str, int]] = set()
         for entry in self._rank(built, head, nearby, hint):

@@ -213,3 +213,8 @@ def test_base_classes_of_the_enclosing_class_rank_first(ws):
     assert entries(index, root, body)[0].name == "ShapeError"
     assert enclosing_bases("class A(B, m.C):\n    def f(self):\n        pass\n") == {"B", "m", "C"}
     assert enclosing_bases("class A(B):\n    pass\n\nx = 1\n") == set()  # the class ended
+
+
+def test_a_file_importing_nothing_of_the_workspace_gets_no_digest(ws):
+    root, index = ws
+    assert entries(index, root, "import os\nimport json\n\nx = ") == []
