@@ -163,7 +163,9 @@ def _context_for_s(snap: Any, request: Any, cfg: Any) -> float:
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.bench_model import _edit_similarity
-    from lsp_server.completer import Completer, build_request, context_for, make_engine, open_index
+    from lsp_server.completer import Completer, build_request, context_for
+    from lsp_server.engines import make_engine
+    from lsp_server.index_handle import open_index
     from lsp_server.config import resolve_config
     from lsp_server.documents import Snapshot, display_path
 

@@ -33,7 +33,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _complete(args: argparse.Namespace) -> int:
-    from lsp_server.completer import run_complete
+    from lsp_server.complete_cli import run_complete
 
     return run_complete(args)
 

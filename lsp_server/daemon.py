@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from lsp_server.completer import make_engine, open_index
+from lsp_server.engines import make_engine
+from lsp_server.index_handle import open_index
 from lsp_server.config import IndexConfig, ModelConfig
 from lsp_server.scheduler import Scheduler
 

@@ -82,24 +82,6 @@ def cursor_hint(line_before: str) -> tuple[str, str]:
     return "type", m.group(1) or ""
 
 
-_CLASS_LINE = re.compile(r"^([ \t]*)class[ \t]+\w+[ \t]*\(([^)]*)\)", re.M)
-
-
-def enclosing_bases(head: str, lines: int = 400) -> set[str]:
-    """Names in the base list of the Python class the cursor's line sits in (the last ``lines`` lines
-    of ``head`` are searched; a class line followed by code at its own indentation or less is closed)."""
-    tail = head[-80 * lines:]
-    found = list(_CLASS_LINE.finditer(tail))
-    if not found:
-        return set()
-    last = found[-1]
-    indent = len(last.group(1).expandtabs())
-    for line in tail[last.end():].split("\n")[1:]:
-        if line.strip() and not line.lstrip().startswith("#") and len(line) - len(line.lstrip()) <= indent:
-            return set()  # the class ended before the cursor
-    return set(re.findall(r"[A-Za-z_]\w*", last.group(2)))
-
-
 def import_region(text: str) -> str:
     """The head of ``text`` that holds its imports (up to the line after the last import-like line)."""
     last = None
@@ -268,15 +250,15 @@ class Digest:
     def _rank(built: list[tuple[Import, Entry]], head: str, nearby: Sequence[str], hint: tuple[str, str]) -> list[Entry]:
         """Best first: what the cursor's position expects (a type after an annotation colon, an exception
         after ``raise``, a decorator after ``@``; a type named like the annotated parameter above all),
-        then the base classes of the class the cursor is in, then names not used yet since the imports (a
-        first use is pending), nearest used, import order."""
+        then names not used yet since the imports (a first use is pending), nearest used, import order.
+        (Ranking the enclosing class's bases next was tried: model2vec's first uses in the prompt fell
+        from 90 % to 76 %; the bases are on screen already.)"""
         aliases = sorted({i.alias for i, _ in built}, key=len, reverse=True)
         words = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, aliases)) + r")\b")
         last_import = max(i.line for i, _ in built)
         body = head.split("\n", last_import)[-1] if head.count("\n") >= last_import else ""
         used_before = set(words.findall(body))
         near = {n: k for k, n in enumerate(nearby[:64])}
-        bases = enclosing_bases(head)
         expect, subject = hint
         subject = subject.replace("_", "").lower()
 
@@ -294,8 +276,7 @@ class Digest:
 
         def score(item: tuple[int, tuple[Import, Entry]]) -> tuple:
             k, (imp, entry) = item
-            return (-fits(entry, imp.alias), imp.alias not in bases, imp.alias in used_before,
-                    near.get(imp.alias, 1 << 20), imp.name is None, k)
+            return (-fits(entry, imp.alias), imp.alias in used_before, near.get(imp.alias, 1 << 20), imp.name is None, k)
 
         return [entry for _, (_, entry) in sorted(enumerate(built), key=score)]
 

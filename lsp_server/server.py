@@ -24,7 +24,10 @@ from pygls.protocol.language_server import lsp_method
 from pygls.exceptions import JsonRpcInvalidParams
 from pygls.uris import to_fs_path
 
-from lsp_server.completer import Completer, IndexHandle, SuggestionCache, build_request, context_for, make_engine
+from lsp_server.completer import Completer, build_request, context_for
+from lsp_server.engines import make_engine
+from lsp_server.index_handle import IndexHandle
+from lsp_server.suggestions import SuggestionCache
 from lsp_server.config import WORKSPACE_FILE, Config, IndexConfig, resolve_config
 from lsp_server.documents import ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, with_selection
 from lsp_server.monitor import Monitor, monitor_for

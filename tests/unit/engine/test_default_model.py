@@ -36,18 +36,19 @@ def test_it_loads_as_a_llama_in_bfloat16_with_int8_decode_on_the_lean_path(engin
 
 def test_the_readme_demo(engine):
     """`draftline complete tests/demo/report.py:9:18 --workspace tests/demo` through the completer."""
-    from lsp_server import completer
+    from lsp_server import complete_cli
     from lsp_server.config import resolve_config
+    from lsp_server.index_handle import open_index
 
     config = resolve_config(workspace_roots=[DEMO], client_settings={"index": {"options": {"embedder": "none"}}})
-    index = completer.open_index([DEMO.resolve()], config.index)
+    index = open_index([DEMO.resolve()], config.index)
     index.build()
-    made = completer.make_engine
-    completer.make_engine = lambda model: engine
+    made = complete_cli.make_engine
+    complete_cli.make_engine = lambda model: engine
     try:
-        done = completer.complete_file(DEMO / "report.py", 8, 17, config, index)
+        done = complete_cli.complete_file(DEMO / "report.py", 8, 17, config, index)
     finally:
-        completer.make_engine = made
+        complete_cli.make_engine = made
         index.close()
     assert done.text == "shape.area()"
     assert any(c.path == "shapes.py" for c in done.chunks)

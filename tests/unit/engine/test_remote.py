@@ -206,7 +206,7 @@ def test_template_from_the_model_name_and_suffix_mode(server: SSEServer):
 
 
 def test_make_engine_routes_model_remote(server: SSEServer):
-    from lsp_server.completer import make_engine
+    from lsp_server.engines import make_engine
     from lsp_server.config import ModelConfig
 
     remote = make_engine(ModelConfig(target="fake", fake_text="local", remote={"url": server.url, "fallback": "local"}))

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 import pytest
 
 from engine.fake import FakeEngine
-from lsp_server.completer import Completer, SuggestionCache, build_request, make_engine
+from lsp_server.completer import Completer, build_request
+from lsp_server.engines import make_engine
+from lsp_server.suggestions import SuggestionCache
 from lsp_server.config import CompletionConfig, ModelConfig
 from lsp_server.documents import Snapshot, prefix_window, suffix_window
 

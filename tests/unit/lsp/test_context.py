@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 from engine.fake import FakeEngine
 from engine.types import CompletionRequest
-from lsp_server.completer import Completer, IndexHandle, build_request, context_for
+from lsp_server.completer import Completer, build_request, context_for
+from lsp_server.index_handle import IndexHandle
 from lsp_server.config import CompletionConfig
 from lsp_server.context import ContextFinder, build_context, nearby_identifiers
 from lsp_server.documents import Snapshot, display_path

@@ -13,7 +13,7 @@ from indexer.config import IndexConfig
 from lsp_server.completer import Completer, build_request, context_for
 from lsp_server.config import CompletionConfig
 from lsp_server.context import ContextFinder, build_context
-from lsp_server.digest import Digest, cursor_hint, enclosing_bases, fit, import_region, one_line
+from lsp_server.digest import Digest, cursor_hint, fit, import_region, one_line
 from lsp_server.documents import Snapshot, display_path
 
 SHAPES = '''"""Shapes."""
@@ -205,14 +205,6 @@ def test_a_broken_index_gives_no_digest_and_no_error(ws):
     finder = ContextFinder(Broken(), [root], display_path)
     ctx = build_context(MAIN, "\n", MAIN, str(root / "app.py"), "python", 8)
     assert finder.snippets(ctx, 2, 2, 30, digest_tokens=500) == ()
-
-
-def test_base_classes_of_the_enclosing_class_rank_first(ws):
-    root, index = ws
-    body = MAIN.replace("def make(config: ", "class Square(ShapeError):\n    def grow(self):\n        x = ")
-    assert entries(index, root, body)[0].name == "ShapeError"
-    assert enclosing_bases("class A(B, m.C):\n    def f(self):\n        pass\n") == {"B", "m", "C"}
-    assert enclosing_bases("class A(B):\n    pass\n\nx = 1\n") == set()  # the class ended
 
 
 def test_a_file_importing_nothing_of_the_workspace_gets_no_digest(ws):

@@ -1,0 +1,207 @@
+"""The workspace index's lifecycle in the server: opened and built off the loop, watched, fed, shared, closed."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from indexer.imports import FileTable
+from indexer.models import Chunk
+from lsp_server.completer import Retriever
+from lsp_server.config import IndexConfig
+
+log = logging.getLogger(__name__)
+
+
+def open_index(roots: Sequence[Path], cfg: IndexConfig) -> Retriever | None:
+    """The workspace index (indexer.Index, not yet built), or None when disabled, rootless or unavailable."""
+    if not cfg.enabled or not roots:
+        return None
+    try:
+        import indexer
+    except ImportError:
+        log.info("no indexer available: completing without retrieval")
+        return None
+    options = _index_options(indexer.IndexConfig, cfg.options)
+    try:
+        return indexer.Index(list(roots), options)
+    except Exception:
+        log.exception("index with its embedder failed to open; trying BM25 only")
+    try:
+        return indexer.Index(list(roots), options, embedder=None)
+    except Exception:
+        log.exception("index failed to open: completing without retrieval")
+        return None
+
+
+_NO_FILES = FileTable()
+
+
+class IndexHandle:
+    """The optional workspace index: opened and built off the loop, fed file events, never fatal.
+
+    It is itself a Retriever (empty until the index is open), so the completer holds it from the start.
+    """
+
+    def __init__(self, registry: Any = None) -> None:
+        self.registry = registry  # lsp_server.daemon.IndexRegistry: indexes shared between sessions
+        self.index: Any = None
+        self.state = "none"  # none | building | ready | failed | unavailable
+        self._epoch = 0  # bumped by each open and detach
+        self._changes = 0  # touch/remove calls, for generation()
+        self._changes_by_path: dict[str, int] = {}
+        self._watcher: Any = None  # indexer.watch.Watcher over the open index's roots
+        self._watch_lock = threading.Lock()
+
+    def open_and_build(self, roots: Sequence[Path], cfg: IndexConfig, progress: Any = None,
+                       watch: Any = None) -> None:
+        """Blocking: run on a worker thread. A `detach` meanwhile makes this run's result moot.
+
+        ``watch``: where the roots' changes on disk go (an IndexSink: ``touch(path)``, ``remove(path)``,
+        called on the watcher's thread); None: nothing watches them.
+        """
+        self._epoch += 1
+        epoch = self._epoch
+        index = self.registry.acquire(roots, cfg) if self.registry is not None else open_index(roots, cfg)
+        if index is None:
+            if cfg.enabled and roots and epoch == self._epoch:
+                self.state = "unavailable"  # it could not open (logged): completions go on without retrieval
+            return
+        if epoch != self._epoch:  # the roots changed while it opened
+            self.release(index)
+            return
+        self.index, self.state = index, "building"
+        if watch is not None:  # before the build: a change while it walks is not missed
+            self._start_watching(index, watch, epoch)
+        try:
+            index.build(progress)
+            state = "ready"
+        except Exception:
+            log.exception("indexing failed")
+            state = "failed"
+        if epoch == self._epoch:
+            self.state = state
+
+    def detach(self) -> Any:
+        """Forget the current index (the caller closes it); a build still running stops counting.
+
+        Its watcher stops on a thread of its own (joining the observer must not hold up the loop).
+        """
+        watcher = self._stop_watching()
+        if watcher is not None:
+            threading.Thread(target=watcher.stop, name="draftline-watch-stop", daemon=True).start()
+        old, self.index, self.state = self.index, None, "none"
+        return old
+
+    def _start_watching(self, index: Any, sink: Any, epoch: int) -> None:
+        try:
+            from indexer.watch import watch_index
+
+            watcher = watch_index(index, sink=sink, always=getattr(sink, "always", ()))
+        except Exception as exc:  # e.g. the inotify watch limit: the client's file events still work
+            log.warning("not watching %s for changes on disk: %s", [str(r) for r in index.roots], exc)
+            return
+        with self._watch_lock:
+            if epoch == self._epoch:
+                self._watcher, watcher = watcher, None
+        if watcher is not None:  # detached meanwhile
+            watcher.stop()
+
+    def _stop_watching(self) -> Any:
+        with self._watch_lock:
+            self._epoch += 1
+            watcher, self._watcher = self._watcher, None
+        return watcher
+
+    @property
+    def watching(self) -> bool:
+        return self._watcher is not None
+
+    def search(self, query: str, k: int, exclude: str | None = None) -> Sequence[Chunk]:
+        return self.index.search(query, k, exclude=exclude) if self.index is not None else []
+
+    def definitions(self, name: str) -> Sequence[Any]:
+        return self.index.definitions(name) if self.index is not None else []
+
+    def chunk(self, chunk_id: int) -> Any:
+        return self.index.chunk(chunk_id) if self.index is not None else None
+
+    def symbols_in(self, path: str) -> Sequence[Any]:
+        return self.index.symbols_in(path) if self.index is not None else []
+
+    @property
+    def files(self) -> FileTable:
+        """The indexed paths by name (import resolution); empty until the index is open."""
+        return self.index.files if self.index is not None else _NO_FILES
+
+    def generation(self, path: str) -> tuple[Any, ...]:
+        """A value that changes whenever the index may hold new content for files other than ``path``."""
+        key = os.path.abspath(path) if path else ""
+        return id(self.index), self.state, self._changes - self._changes_by_path.get(key, 0)
+
+    def touch(self, path: str, text: str | None = None) -> None:
+        self._count(path)
+        self._call("touch", path, text)
+
+    def remove(self, path: str) -> None:
+        self._count(path)
+        self._call("remove", path)
+
+    def _count(self, path: str) -> None:
+        key = os.path.abspath(path)
+        self._changes += 1
+        self._changes_by_path[key] = self._changes_by_path.get(key, 0) + 1
+
+    def _call(self, method: str, *args: Any) -> None:
+        if self.index is None:
+            return
+        try:
+            getattr(self.index, method)(*args)
+        except Exception:
+            log.exception("index %s failed for %s", method, args[0])
+
+    def stats(self) -> dict[str, Any]:
+        if self.index is None:
+            return {"state": self.state}
+        try:
+            stats = self.index.stats()
+            numbers = dataclasses.asdict(stats) if dataclasses.is_dataclass(stats) else dict(stats)
+            return {"state": self.state, "watching": self.watching, **numbers}
+        except Exception as exc:
+            return {"state": "error", "error": str(exc)}
+
+    def release(self, index: Any) -> None:
+        """Let go of an index this handle held (closed, or left to the sessions that still share it)."""
+        if index is None:
+            return
+        if self.registry is not None:
+            self.registry.release(index)
+        elif hasattr(index, "close"):
+            index.close()
+
+    def close(self) -> None:
+        watcher = self._stop_watching()
+        if watcher is not None:
+            watcher.stop()
+        self.release(self.index)
+
+
+def _index_options(cls: type, options: Mapping[str, Any]) -> Any:
+    """The indexer's own config from our ``[index.options]`` table (lists become tuples, paths Paths)."""
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in known:
+            log.warning("index option %r unknown to the indexer", key)
+            continue
+        if isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, str) and "Path" in str(known[key].type):
+            value = Path(value).expanduser()
+        kwargs[key] = value
+    return cls(**kwargs)
