@@ -165,19 +165,19 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.bench_model import _edit_similarity
     from lsp_server.completer import Completer, build_request, context_for
     from lsp_server.engines import make_engine
-    from lsp_server.index_handle import open_index
+    from lsp_server.index_handle import IndexHandle
     from lsp_server.config import resolve_config
     from lsp_server.documents import Snapshot, display_path
 
     root = args.workspace.resolve()
     cli: dict[str, Any] = {"model": {"target": args.target} if args.target else {}}
     config = resolve_config(workspace_roots=[root], client_settings=cli)
-    index = open_index([root], config.index)
-    if index is None:
-        raise SystemExit("bench context: the workspace index could not be opened")
+    index = IndexHandle()  # as the server holds it (its generation lets the context memo work while typing)
     t0 = time.perf_counter()
-    index.build()
+    index.open_and_build([root], config.index)
     index_s = time.perf_counter() - t0
+    if index.index is None:
+        raise SystemExit("bench context: the workspace index could not be opened")
     tasks = make_tasks(index, root, args.tasks, args.seed)
     engine = make_engine(config.model)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
