@@ -103,7 +103,8 @@ class ModelDrafter:
         self.last_probs: torch.Tensor | None = None  # (k, V) draft distributions of the last proposal
         self.temperature = 0.0
         # ids the draft cannot embed (target-only rows, e.g. Qwen2.5-Coder 7B's padding above 151,936)
-        self.rows = int(lm.model.get_input_embeddings().weight.shape[0])
+        rows = getattr(lm, "rows", None)  # the lean decoder knows; transformers' model says
+        self.rows = int(rows if rows is not None else lm.model.get_input_embeddings().weight.shape[0])
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         self.last_probs = None

@@ -230,16 +230,17 @@ def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_b
     backend="llamacpp" (optional extra `draftline[llamacpp]`) runs the model's GGUF on llama.cpp.
     `quant` applies to the lean decoder only (transformers runs the loaded dtype).
     """
-    max_len = min(int(getattr(loaded.model.config, "max_position_embeddings", 8192)), prompt_budget + 4096)
+    max_len = min(int(getattr(loaded.config, "max_position_embeddings", 8192)), prompt_budget + 4096)
     if backend == "llamacpp":  # imported only when asked for; a clear ImportError when the extra is missing
         from engine.llamacpp import load_llamacpp_lm
 
         return load_llamacpp_lm(loaded.name, vocab_limit=vocab_limit, n_ctx=max_len, model=loaded.model)
     from engine import lean
 
-    why = lean.supports(loaded.model)
+    why = lean.supports(loaded.config)
     if backend == "lean" or (backend == "auto" and why is None):
-        return lean.LeanLM(loaded.model, loaded.device, vocab_limit=vocab_limit, max_len=max_len, quant=quant)
+        source = loaded.weights if loaded.weights is not None else loaded.model
+        return lean.LeanLM(source, loaded.device, vocab_limit=vocab_limit, max_len=max_len, quant=quant)
     if backend == "auto":
         log.info("%s: transformers backend (%s)", loaded.name, why)
     return CachedLM(loaded.model, loaded.device, vocab_limit=vocab_limit)

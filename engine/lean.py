@@ -14,9 +14,14 @@ which keeps greedy speculation identical to plain decoding.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import os
 import threading
-from typing import Any, Sequence
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -31,6 +36,7 @@ QUANTS = ("none", "int8")
 # of float32's bytes (a SmolLM2-135M decode step is memory-bound), but its kernel's cost grows with
 # the rows, while a dense bf16 GEMM of 256 rows is ~3x faster than int8's.
 INT8_MAX_ROWS = 32
+INT8_CACHE_VERSION = 1  # bump when Linear's int8 recipe changes
 
 
 class Linear:
@@ -43,9 +49,12 @@ class Linear:
 
     __slots__ = ("w", "b", "q", "s")
 
-    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, quant: str = "none"):
+    def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, quant: str = "none",
+                 packed: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.w, self.b, self.q, self.s = w, b, None, None
-        if quant == "int8":
+        if quant == "int8" and packed is not None:
+            self.q, self.s = packed
+        elif quant == "int8":
             scale = w.float().abs().amax(1).clamp_min(1e-12) / 127.0  # (N,)
             self.q = torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()  # (N, K)
             self.s = scale.to(w.dtype)
@@ -58,14 +67,14 @@ class Linear:
 
 
 def supports(model: Any) -> str | None:
-    """None when the lean path can run this model exactly, else the reason it cannot."""
-    cfg = model.config
+    """None when the lean path can run this model (a transformers model, or its config) exactly, else why not."""
+    cfg = getattr(model, "config", model)
     if cfg.model_type not in SUPPORTED:
         return f"model_type {cfg.model_type}"
-    rope = getattr(cfg, "rope_scaling", None) or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if rope_type not in (None, "default"):
-        return f"rope scaling {rope_type}"
+    for rope in (getattr(cfg, "rope_scaling", None), getattr(cfg, "rope_parameters", None)):
+        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if rope_type not in (None, "default"):
+            return f"rope scaling {rope_type}"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"activation {cfg.hidden_act}"
     if getattr(cfg, "use_sliding_window", False):
@@ -73,6 +82,84 @@ def supports(model: Any) -> str | None:
     if getattr(cfg, "mlp_bias", False):
         return "MLP bias"
     return None
+
+
+class Config(SimpleNamespace):
+    """A config.json read as attributes, for a model loaded without transformers."""
+
+    @classmethod
+    def read(cls, directory: str | os.PathLike) -> Config:
+        return cls(**json.loads((Path(directory) / "config.json").read_text()))
+
+
+class Weights:
+    """A model as the lean decoder reads it: a config and tensors by their Hugging Face names.
+
+    Either a loaded transformers model's, or a directory's safetensors read directly
+    (`from_dir`), which a start needs when transformers is not imported at all. `int8_cache`: where
+    the int8 copies of the linears are kept between starts (computing them took ~1-2 s for
+    SmolLM2-135M on this CPU, reading them back ~0.05 s).
+    """
+
+    def __init__(self, config: Any, tensors: Mapping[str, torch.Tensor], int8_cache: Path | None = None):
+        self.config, self.tensors, self.int8_cache = config, tensors, int8_cache
+
+    @classmethod
+    def from_model(cls, model: Any) -> Weights:
+        return cls(model.config, {name: t.detach() for name, t in model.state_dict().items()})
+
+    @classmethod
+    def from_dir(cls, directory: str | os.PathLike, dtype: torch.dtype, device: torch.device) -> Weights:
+        """config.json and *.safetensors of an HF directory, cast to `dtype` on `device`."""
+        from safetensors.torch import load_file
+
+        directory = Path(directory)
+        files = sorted(directory.glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"{directory}: no .safetensors weights")
+        tensors: dict[str, torch.Tensor] = {}
+        for f in files:
+            tensors.update((k, v.to(device, dtype)) for k, v in load_file(f).items())
+        stamp = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+        key = hashlib.sha256(f"{stamp}|{dtype}|v{INT8_CACHE_VERSION}".encode()).hexdigest()[:24]
+        from engine.gguf import cache_root
+
+        return cls(Config.read(directory), tensors, cache_root() / "lean" / f"{key}-int8.safetensors")
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name == "lm_head.weight" and name not in self.tensors:  # tied to the embeddings
+            name = "model.embed_tokens.weight"
+        return self.tensors[name]
+
+    def get(self, name: str) -> torch.Tensor | None:
+        return self.tensors.get(name)
+
+
+def _load_int8(path: Path | None) -> dict[str, torch.Tensor]:
+    if path is None or not path.is_file():
+        return {}
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path)
+    except Exception as exc:  # a damaged cache costs one recomputation, never a start
+        log.warning("ignoring the int8 cache %s: %s", path, exc)
+        return {}
+
+
+def _save_int8(path: Path, linears: Mapping[str, "Linear"]) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {}
+    for name, lin in linears.items():
+        tensors[f"{name}.q"], tensors[f"{name}.s"] = lin.q, lin.s
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        save_file(tensors, tmp)
+        tmp.replace(path)
+    except OSError as exc:  # a read-only cache costs the quantization next start
+        log.warning("could not keep the int8 weights in %s: %s", path, exc)
 
 
 def _rope_theta(cfg) -> float:
@@ -88,16 +175,18 @@ class LeanLM:
 
     def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None, max_len: int = 4096,
                  chunk: int | None = None, quant: str = "none"):
-        why = supports(model)
+        """`model`: a transformers model, or `Weights` (a directory read without transformers)."""
+        source = model if isinstance(model, Weights) else Weights.from_model(model)
+        cfg = source.config
+        why = supports(cfg)
         if why:
             raise ValueError(f"lean decoder cannot run this model: {why}")
-        dtype = next(model.parameters()).dtype
+        dtype = source["model.embed_tokens.weight"].dtype
         if quant not in QUANTS:
             raise ValueError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
         if quant == "int8" and (torch.device(device).type != "cpu" or dtype != torch.bfloat16):
             raise ValueError("quant='int8' runs on the CPU with bfloat16 activations (dtype='bfloat16')")
         self.quant = quant
-        cfg = model.config
         self.device, self.vocab_limit, self.max_len = device, vocab_limit, max_len
         self.capacity = max_len
         # Long prefills run in chunks: on this CPU one 3.5k-token forward took 3.3x as long as the
@@ -115,24 +204,36 @@ class LeanLM:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.scale = 1.0 / float(self.head_dim) ** 0.5
         self.eps = cfg.rms_norm_eps
-        base = model.model
-        self.embed = base.embed_tokens.weight.detach()
-        self.final_norm = base.norm.weight.detach()
-        self.lm_head = Linear(model.lm_head.weight.detach(), quant=quant)
+        packed = _load_int8(source.int8_cache) if quant == "int8" else {}
+        linears: dict[str, Linear] = {}
+
+        def linear(name: str, w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
+            pair = (packed[f"{name}.q"], packed[f"{name}.s"]) if f"{name}.q" in packed else None
+            linears[name] = Linear(w, b, quant, pair)
+            return linears[name]
+
+        self.embed = source["model.embed_tokens.weight"]
+        self.rows = int(self.embed.shape[0])
+        self.final_norm = source["model.norm.weight"]
+        self.lm_head = linear("lm_head", source["lm_head.weight"])
         self.layers = []
-        for layer in base.layers:
-            a, m = layer.self_attn, layer.mlp
-            wqkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]).detach()
+        for i in range(cfg.num_hidden_layers):
+            pre = f"model.layers.{i}."
+            a, m = pre + "self_attn.", pre + "mlp."
+            wqkv = torch.cat([source[a + "q_proj.weight"], source[a + "k_proj.weight"], source[a + "v_proj.weight"]])
             bias = None
-            if a.q_proj.bias is not None:
-                bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]).detach()
+            if source.get(a + "q_proj.bias") is not None:
+                bias = torch.cat([source[a + "q_proj.bias"], source[a + "k_proj.bias"], source[a + "v_proj.bias"]])
             self.layers.append((
-                layer.input_layernorm.weight.detach(), Linear(wqkv, bias, quant), Linear(a.o_proj.weight.detach(), quant=quant),
-                layer.post_attention_layernorm.weight.detach(),
-                Linear(torch.cat([m.gate_proj.weight, m.up_proj.weight]).detach(), quant=quant),
-                Linear(m.down_proj.weight.detach(), quant=quant),
+                source[pre + "input_layernorm.weight"], linear(f"{i}.qkv", wqkv, bias),
+                linear(f"{i}.o", source[a + "o_proj.weight"]),
+                source[pre + "post_attention_layernorm.weight"],
+                linear(f"{i}.gate_up", torch.cat([source[m + "gate_proj.weight"], source[m + "up_proj.weight"]])),
+                linear(f"{i}.down", source[m + "down_proj.weight"]),
             ))
-        self.ffn = base.layers[0].mlp.gate_proj.weight.shape[0]
+        if quant == "int8" and source.int8_cache is not None and not packed:
+            _save_int8(source.int8_cache, linears)
+        self.ffn = source["model.layers.0.mlp.gate_proj.weight"].shape[0]
         inv = 1.0 / (_rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)  # (L, D/2)
         emb = torch.cat([angles, angles], -1)

@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -36,19 +35,65 @@ def pick_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-@dataclass
 class LoadedModel:
-    """A causal LM with its tokenizer and where it runs."""
+    """A causal LM with its tokenizer and where it runs.
 
-    model: Any
-    tokenizer: Any
-    name: str
-    device: torch.device
-    dtype: torch.dtype
+    `model` is the transformers model. A directory the lean decoder can run is read without
+    transformers (`weights`, a lean.Weights, and tokenizer.FastTokenizer): importing transformers'
+    model classes costs ~3 s on this CPU, most of a warm start. Anything that asks for `model`
+    then (the transformers backend, benches) loads it on first use.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, name: str, device: torch.device, dtype: torch.dtype, *,
+                 weights: Any = None, source: str | None = None, trust_remote_code: bool = False):
+        self._model, self.tokenizer, self.name, self.device, self.dtype = model, tokenizer, name, device, dtype
+        self.weights, self.source, self.trust_remote_code = weights, source, trust_remote_code
+
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            self._model = _load_transformers(self.source, self.device, self.dtype, self.trust_remote_code)
+        return self._model
+
+    @property
+    def config(self) -> Any:
+        return self.weights.config if self._model is None and self.weights is not None else self.model.config
 
     @property
     def vocab_size(self) -> int:
+        if self._model is None and self.weights is not None:
+            return int(self.weights["lm_head.weight"].shape[0])
         return int(self.model.get_output_embeddings().weight.shape[0])
+
+
+def _load_transformers(source: str, device: torch.device, dtype: torch.dtype, trust_remote_code: bool,
+                       attn_implementation: str | None = None) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code,
+                              "local_files_only": Path(source).expanduser().is_dir()}
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation=attn_implementation, **kwargs)
+    return model.to(device).eval()
+
+
+def _load_light(source: str, device: torch.device, dtype: torch.dtype):
+    """(tokenizer, lean.Weights) for a directory the lean decoder runs, read without transformers; else None."""
+    from engine import lean
+    from engine.tokenizer import FastTokenizer
+
+    directory = Path(source).expanduser()
+    if not (directory / "config.json").is_file() or not any(directory.glob("*.safetensors")):
+        return None
+    try:
+        config = lean.Config.read(directory)
+    except (OSError, ValueError, TypeError):
+        return None
+    if lean.supports(config) is not None:
+        return None
+    tokenizer = FastTokenizer.load(directory)
+    if tokenizer is None:
+        return None
+    return tokenizer, lean.Weights.from_dir(directory, dtype, device)
 
 
 def load_model(
@@ -58,11 +103,13 @@ def load_model(
     dtype: str = "auto",
     trust_remote_code: bool = False,
     attn_implementation: str | None = None,
+    light: bool = True,
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer: a local HF directory, a hub id, a .gguf file, or the
-    name of an installed package that carries a .gguf file (engine/gguf.py converts it once)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    name of an installed package that carries a .gguf file (engine/gguf.py converts it once).
 
+    `light`: a local directory the lean decoder runs is read without transformers (see LoadedModel).
+    """
     from engine import gguf
 
     dev = pick_device(device)
@@ -72,14 +119,19 @@ def load_model(
     if (gguf_file := gguf.resolve_gguf(name_or_path)) is not None:
         source, name_or_path = os.fspath(gguf.converted(gguf_file)), os.fspath(gguf_file)
     local = Path(source).expanduser().is_dir()
-    kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": local}
-    tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(
-        source, dtype=torch_dtype, attn_implementation=attn_implementation, **kwargs
-    )
-    model.to(dev).eval()
+    if light and local and attn_implementation is None and (found := _load_light(source, dev, torch_dtype)):
+        tokenizer, weights = found
+        log.info("loaded %s on %s/%s in %.2fs (lean weights, no transformers)", name_or_path, dev, torch_dtype,
+                 time.perf_counter() - started)
+        return LoadedModel(None, tokenizer, os.fspath(name_or_path), dev, torch_dtype, weights=weights, source=source,
+                           trust_remote_code=trust_remote_code)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code, local_files_only=local)
+    model = _load_transformers(source, dev, torch_dtype, trust_remote_code, attn_implementation)
     log.info("loaded %s on %s/%s in %.2fs", name_or_path, dev, torch_dtype, time.perf_counter() - started)
-    return LoadedModel(model, tokenizer, os.fspath(name_or_path), dev, torch_dtype)
+    return LoadedModel(model, tokenizer, os.fspath(name_or_path), dev, torch_dtype, source=source,
+                       trust_remote_code=trust_remote_code)
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:

@@ -1,0 +1,127 @@
+"""A model directory the lean decoder runs loads without transformers, and runs the same model."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from engine.bundled import tiny_pair
+from engine.lean import LeanLM, Weights
+from engine.model import load_model
+from engine.speculative import generate
+from engine.tokenizer import FastTokenizer
+from tests.unit.engine.conftest import CPU, tiny_model
+
+TEXTS = [
+    "def main(argv):\n    return {'a': [1, 2.5]}  # ünïcode\n",
+    "<|endoftext|>x = 1<|fim_prefix|>  don't  stop .  , ?\n\t\ttabs\r\n",
+    "class Foo(Bar):\n    \"\"\"Doc.\"\"\"\n\n    def __init__(self):\n        self.x = None\n",
+    "",
+    "日本語のテキスト 🙂 and emoji",
+]
+
+
+def _dirs(model_dirs):
+    out = [model_dirs["target"]]
+    pair = tiny_pair()
+    if pair:
+        out.append(pair[0])
+    return out
+
+
+def test_fast_tokenizer_matches_transformers(model_dirs):
+    from transformers import AutoTokenizer
+
+    for d in _dirs(model_dirs):
+        ref, fast = AutoTokenizer.from_pretrained(d), FastTokenizer.load(d)
+        assert fast is not None, d
+        for text in TEXTS:
+            for special in (True, False):
+                assert fast.encode(text, add_special_tokens=special) == ref.encode(text, add_special_tokens=special)
+            a = ref(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            b = fast(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+            assert [tuple(x) for x in a] == [tuple(x) for x in b]
+        rng = random.Random(0)
+        for _ in range(20):
+            ids = [rng.randrange(len(ref)) for _ in range(rng.randrange(1, 200))]
+            for skip in (True, False):
+                assert fast.decode(ids, skip_special_tokens=skip) == ref.decode(ids, skip_special_tokens=skip)
+        assert fast.get_vocab() == ref.get_vocab() and len(fast) == len(ref)
+        assert fast.all_special_ids == ref.all_special_ids
+        assert (fast.eos_token_id, fast.bos_token, fast.bos_token_id) == (ref.eos_token_id, ref.bos_token, ref.bos_token_id)
+        for token in ("<|file_sep|>", "<|fim_prefix|>", "not-a-token-at-all"):
+            assert fast.convert_tokens_to_ids(token) == ref.convert_tokens_to_ids(token)
+
+
+def test_other_tokenizer_classes_go_to_transformers(model_dirs, tmp_path):
+    import shutil
+
+    for f in model_dirs["target"].iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "LlamaTokenizerFast"}))
+    assert FastTokenizer.load(tmp_path) is None
+    loaded = load_model(str(tmp_path))
+    assert loaded.weights is None and loaded._model is not None  # transformers loaded it, as before
+
+
+def test_light_load_runs_the_same_model(model_dirs):
+    loaded = load_model(str(model_dirs["target"]))
+    assert loaded.weights is not None and loaded._model is None  # no transformers model built
+    light = LeanLM(loaded.weights, CPU, max_len=256)
+    assert loaded.vocab_size == light.rows and loaded.config.num_hidden_layers == 2
+    model = loaded.model  # asked for: transformers loads it then
+    heavy = LeanLM(model, CPU, max_len=256)
+    prompt = list(range(5, 60))
+    assert torch.equal(light.forward(prompt), heavy.forward(prompt))
+    a = generate(light, prompt, None, max_new_tokens=20, cancel=threading.Event())
+    b = generate(heavy, prompt, None, max_new_tokens=20, cancel=threading.Event())
+    assert a == b
+
+
+def test_int8_weights_are_cached_between_starts(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = tiny_model("llama", seed=7, hidden=64).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "m")
+    first = Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU)
+    assert not first.int8_cache.exists()
+    a = LeanLM(first, CPU, max_len=128, quant="int8")
+    assert first.int8_cache.is_file()
+    second = Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU)
+    assert second.int8_cache == first.int8_cache
+    b = LeanLM(second, CPU, max_len=128, quant="int8")
+    c = LeanLM(model, CPU, max_len=128, quant="int8")  # computed afresh from the transformers model
+    for x, y in ((a, b), (a, c)):
+        assert torch.equal(x.lm_head.q, y.lm_head.q) and torch.equal(x.layers[1][1].s, y.layers[1][1].s)
+    prompt = [3, 9, 4, 11, 20, 21]
+    assert torch.equal(b.forward(prompt), c.forward(prompt))
+    first.int8_cache.write_bytes(b"garbage")  # a damaged cache is recomputed, never fatal
+    d = LeanLM(Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU), CPU, max_len=128, quant="int8")
+    assert torch.equal(d.lm_head.q, a.lm_head.q)
+
+
+def test_engine_start_imports_no_transformers(model_dirs):
+    code = (
+        "import sys\n"
+        "from engine.engine import load_engine\n"
+        f"engine = load_engine({str(model_dirs['target'])!r})\n"
+        "assert type(engine.target_lm).__name__ == 'LeanLM'\n"
+        "print(sorted(m for m in sys.modules if m == 'transformers' or m.startswith('transformers.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("backend", ["transformers"])
+def test_transformers_backend_still_loads_the_model(model_dirs, backend):
+    from engine.engine import load_engine
+
+    engine = load_engine(str(model_dirs["target"]), backend=backend)
+    assert type(engine.target_lm).__name__ == "CachedLM" and engine.target._model is not None
