@@ -22,12 +22,15 @@ class Drafter(Protocol):
 
 
 class _NgramTable:
-    """For n = 1..max_n: the latest position where each n-gram ended, whose continuation exists."""
+    """For n = 1..max_n: the latest position where each n-gram ended, whose continuation exists.
 
-    def __init__(self, max_n: int):
+    With `every`, also every such position, oldest first (token trees copy from several)."""
+
+    def __init__(self, max_n: int, every: bool = False):
         self.max_n = max_n
         self.seq: list[int] = []
         self.tables: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_n + 1)]
+        self.every: list[dict[tuple[int, ...], list[int]]] | None = [{} for _ in range(max_n + 1)] if every else None
         self.indexed = 0  # n-grams ending before this position are in the tables
 
     def sync(self, tokens: Sequence[int]) -> None:
@@ -36,11 +39,16 @@ class _NgramTable:
         if len(tokens) < n_old or list(tokens[:n_old]) != self.seq:  # ~20 us at 4k tokens
             self.seq, self.indexed = [], 0
             self.tables = [{} for _ in range(self.max_n + 1)]
+            if self.every is not None:
+                self.every = [{} for _ in range(self.max_n + 1)]
         self.seq.extend(tokens[len(self.seq) :])
         # an n-gram ending at j (inclusive) is usable once position j + 1 exists
         for j in range(self.indexed, len(self.seq) - 1):
             for n in range(1, min(self.max_n, j + 1) + 1):
-                self.tables[n][tuple(self.seq[j - n + 1 : j + 1])] = j + 1
+                key = tuple(self.seq[j - n + 1 : j + 1])
+                self.tables[n][key] = j + 1
+                if self.every is not None:
+                    self.every[n].setdefault(key, []).append(j + 1)
         self.indexed = max(self.indexed, len(self.seq) - 1)
 
     def lookup(self, key: tuple[int, ...]) -> int | None:
@@ -62,6 +70,10 @@ class NgramDrafter:
         self._seq = _NgramTable(max_n)
         self._extra: list[_NgramTable] = []
         self.last_match = 0  # n of the last proposal's match (0 = none)
+        # token trees copy from every occurrence: their own tables, built on the first propose_tree
+        self._extra_seqs: list[list[int]] = []  # newest first
+        self._tree_seq: _NgramTable | None = None
+        self._tree_extra: list[_NgramTable] | None = None
 
     def set_extra(self, sequences: Sequence[Sequence[int]]) -> None:
         tables = []
@@ -70,6 +82,8 @@ class NgramDrafter:
             t.sync(list(s) + [-1])  # a sentinel so the final n-gram gets its (empty) continuation
             tables.append(t)
         self._extra = tables[::-1]  # newest first
+        self._extra_seqs = [list(s) for s in sequences][::-1]
+        self._tree_extra = None
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
         self.last_match = 0
@@ -87,6 +101,65 @@ class NgramDrafter:
                     self.last_match = n
                     return guess
         return []
+
+    # at most this many earlier occurrences are copied into one tree (the newest of the longest
+    # matches first); a common single token can occur hundreds of times
+    TREE_SOURCES = 24
+
+    def propose_tree(self, tokens: Sequence[int], max_nodes: int, depth: int,
+                     branch: int) -> tuple[list[int], list[int]]:
+        """A draft tree after `tokens`: (tokens, parents) in BFS order, parents[i] an earlier node
+        or -1 (follows tokens[-1]); at most `max_nodes` nodes, `depth` along a path, `branch`
+        children per node.
+
+        Every earlier occurrence of the current suffix (longest matches first, then the sequence
+        itself before the extra sequences, newest first, as `propose` ranks them) contributes what
+        followed it, up to `depth` tokens, merged into a trie: occurrences followed by different
+        tokens become branches. The first path is exactly `propose`'s chain.
+        """
+        self.last_match = 0
+        if max_nodes <= 0 or depth <= 0 or branch <= 0 or not tokens:
+            return [], []
+        if self._tree_seq is None:
+            self._tree_seq = _NgramTable(self.max_n, every=True)
+        self._tree_seq.sync(tokens)
+        if self._tree_extra is None:
+            self._tree_extra = []
+            for s in self._extra_seqs:
+                t = _NgramTable(self.max_n, every=True)
+                t.sync(s + [-1])
+                self._tree_extra.append(t)
+        toks: list[int] = []
+        parents: list[int] = []
+        kids: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+        n_kids: dict[int, int] = {}
+        copied: set[tuple[int, int]] = set()  # (table, position): a longer match copied it already
+        sources = 0
+        for n in range(min(self.max_n, len(tokens)), self.min_n - 1, -1):
+            key = tuple(tokens[-n:])
+            for ti, table in enumerate((self._tree_seq, *self._tree_extra)):
+                for start in reversed(table.every[n].get(key, ())):
+                    if (ti, start) in copied:
+                        continue
+                    copied.add((ti, start))
+                    sources += 1
+                    parent = -1
+                    for tok in table.seq[start : start + depth]:
+                        if tok < 0:
+                            break
+                        node = kids.get((parent, tok))
+                        if node is None:
+                            if len(toks) >= max_nodes or n_kids.get(parent, 0) >= branch:
+                                break
+                            node = kids[(parent, tok)] = len(toks)
+                            toks.append(tok)
+                            parents.append(parent)
+                            n_kids[parent] = n_kids.get(parent, 0) + 1
+                            self.last_match = self.last_match or n
+                        parent = node
+                    if len(toks) >= max_nodes or sources >= self.TREE_SOURCES:
+                        return _bfs(toks, parents)
+        return _bfs(toks, parents)
 
     def feedback(self, accepted: int, proposed: int) -> None:
         pass
@@ -133,6 +206,50 @@ class ModelDrafter:
         self.last_probs = torch.stack(probs) if probs else None
         return out
 
+    def propose_tree(self, tokens: Sequence[int], max_nodes: int, depth: int,
+                     branch: int) -> tuple[list[int], list[int]]:
+        """A draft tree from the draft's top-k, level by level (BFS): each level keeps the
+        ceil(max_nodes / depth) children (at most `branch` per node) with the highest path
+        probability, as EAGLE-2 does. Costs one draft forward per level (the tree so far, verified
+        with forward_tree); a draft without trees (transformers) proposes its chain instead.
+        (tokens, parents) as NgramDrafter.propose_tree; deterministic (top-k), so the target's
+        rejection sampling of trees stays exact at any temperature."""
+        self.last_probs = None
+        if max_nodes <= 0 or depth <= 0 or branch <= 0 or not tokens:
+            return [], []
+        if not getattr(self.lm, "supports_tree", False):
+            chain = self.propose(tokens, min(depth, max_nodes))
+            self.last_probs = None
+            return chain, list(range(-1, len(chain) - 1))
+        if max(tokens) >= self.rows:
+            tokens = [t if t < self.rows else 0 for t in tokens]
+        logits, _ = self.lm.prefill(tokens)
+        per_level = -(-max_nodes // depth)
+        toks: list[int] = []
+        parents: list[int] = []
+        score: list[float] = []  # log-probability of each node's path
+        frontier = [(-1, torch.log_softmax(logits.float(), -1))]
+        for _ in range(depth):
+            cands = []
+            for node, logp in frontier:
+                top = torch.topk(logp, min(branch, logp.shape[-1]))
+                base = score[node] if node >= 0 else 0.0
+                cands += [(base + float(v), node, int(t)) for v, t in zip(top.values, top.indices)]
+            cands.sort(key=lambda c: -c[0])
+            keep = cands[: min(per_level, max_nodes - len(toks))]
+            if not keep:
+                break
+            first = len(toks)
+            for s, node, tok in keep:
+                toks.append(tok)
+                parents.append(node)
+                score.append(s)
+            if len(toks) >= max_nodes:
+                break
+            level_logits = self.lm.forward_tree(toks, parents)[first:]  # the draft's next-token view of each new node
+            frontier = [(first + j, torch.log_softmax(level_logits[j], -1)) for j in range(len(keep))]
+        return toks, parents
+
     def _confidence(self, logits: torch.Tensor, p: torch.Tensor, tok: int) -> float:
         return float(p[tok]) if self.temperature > 0 else float(torch.softmax(logits, -1)[tok])
 
@@ -163,8 +280,28 @@ class HybridDrafter:
         self.last_used = "draft"
         return self.model.propose(tokens, k)
 
+    def propose_tree(self, tokens: Sequence[int], max_nodes: int, depth: int,
+                     branch: int) -> tuple[list[int], list[int]]:
+        """The n-gram tree when its best match is at least `min_match` long, else the model's."""
+        tree = self.ngram.propose_tree(tokens, max_nodes, depth, branch)
+        if tree[0] and self.ngram.last_match >= self.min_match:
+            self.last_used = "ngram"
+            return tree
+        self.last_used = "draft"
+        return self.model.propose_tree(tokens, max_nodes, depth, branch)
+
     def feedback(self, accepted: int, proposed: int) -> None:
         pass
+
+
+def _bfs(tokens: list[int], parents: list[int]) -> tuple[list[int], list[int]]:
+    """A tree (parents[i] < i, -1 for the roots) reordered breadth first, parents renumbered."""
+    depth: list[int] = []
+    for p in parents:
+        depth.append(0 if p < 0 else depth[p] + 1)
+    order = sorted(range(len(tokens)), key=lambda i: (depth[i], i))
+    new = {old: i for i, old in enumerate(order)}
+    return [tokens[i] for i in order], [new[parents[i]] if parents[i] >= 0 else -1 for i in order]
 
 
 def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:

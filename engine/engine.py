@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import threading
 import time
@@ -18,9 +19,11 @@ from engine.prompt import TEMPLATES, Prompt, PromptBudget, PromptBuilder, detect
 from engine.speculative import AdaptiveGamma, AstAdaptiveGamma, FixedGamma, GrowingGamma, generate
 from engine.stops import MAX_LOOP_LINES, REPEATED_LINES, _repetition_end, _scope_end, _StopRules  # noqa: F401 (also imported from here)
 from engine.syntax import DepthTracker
+from engine.tree import TreeShape, generate_tree, tree_support
 from engine.types import CompletionRequest, CompletionResult, CompletionStats, SpecConfig
 
 log = logging.getLogger(__name__)
+_SAID_NO_TREE: set[str] = set()  # why a target verifies no token trees, logged once each
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class Engine:
         # each id's text, for token healing (~0.25 s for 49k ids: paid at load, not by the first request)
         self._token_texts: list[str] | None = self._vocab_texts() if self.template.order == "none" else None
         self._healing: dict[str, torch.Tensor] = {}
+        self._boundaries: dict[int, bool] = {}  # token -> does the tokenizer split after it before a word
         self.last_prompt: list[int] = []  # the tokens of the last request's prompt, as the model got them
 
     def forget(self) -> None:
@@ -128,13 +132,22 @@ class Engine:
             self.model_drafter.p_min = spec.draft_confidence
         gamma = self._gamma_policy(spec, request, prompt.prefix_chars)
         draft_before = self.draft_lm.forwards if self.draft_lm else 0
-        tokens, reason = generate(
+        run = generate
+        if spec.tree_nodes > 1 and drafter is not None and hasattr(drafter, "propose_tree"):
+            why = tree_support(self.target_lm)
+            if why is None:
+                run = functools.partial(generate_tree, shape=TreeShape(spec.tree_nodes, spec.tree_depth, spec.tree_branch))
+            elif why not in _SAID_NO_TREE:
+                _SAID_NO_TREE.add(why)
+                log.info("token trees off: %s", why)
+        tokens, reason = run(
             self.target_lm, prompt_tokens, drafter, max_new_tokens=min(limits.max_tokens, room - 1), cancel=cancel,
             gamma=gamma, eos=self.eos, stop_check=rules, temperature=spec.temperature,
             generator=self.generator, stats=stats, first_allowed=allowed,
         )
         stats.draft_forwards = (self.draft_lm.forwards if self.draft_lm else 0) - draft_before
         stats.generated_tokens = len(tokens)
+        del stats.token_logprobs[len(tokens):]  # the last chosen token may not have been emitted
         if tokens and reason != "cancelled":
             self.history.append(tokens)
         text = self.target.tokenizer.decode(tokens)
@@ -184,7 +197,7 @@ class Engine:
             self._token_texts = self._vocab_texts()
         heal = self._token_texts[tokens[-1]] if tokens[-1] < len(self._token_texts) else ""
         special = set(self.target.tokenizer.all_special_ids)
-        if not heal or "\ufffd" in heal or tokens[-1] in special:
+        if not heal or "\ufffd" in heal or tokens[-1] in special or self._stable_boundary(tokens[-1], heal):
             return tokens, "", None
         tokens = tokens[:-1]
         if len(heal) > 1 and heal.endswith(" "):
@@ -198,6 +211,18 @@ class Engine:
             if len(self._healing) > 4096:
                 self._healing.clear()
         return tokens, heal, allowed
+
+    def _stable_boundary(self, token: int, text: str) -> bool:
+        """Does the tokenizer end a token here whatever word follows (its own split of text + word
+        starts with this very token, for each of BOUNDARY_PROBES)? Then the prompt is as the model saw such text in training and
+        healing only adds risk: Gemma writes indentation as its own token ("    ", "files"), and,
+        healed, chose a 7-space token on a 4-space line. BPE's "\n    " before " return" is not."""
+        known = self._boundaries.get(token)
+        if known is None:
+            encode = self.target.tokenizer.encode
+            known = all(encode(text + word, add_special_tokens=False)[:1] == [token] for word in BOUNDARY_PROBES)
+            self._boundaries[token] = known
+        return known
 
     def _vocab_texts(self) -> list[str]:
         """The text of every id the target's logits cover (a draft's smaller vocabulary may cut them)."""
@@ -222,6 +247,8 @@ class Engine:
 
 
 BACKENDS = ("auto", "lean", "transformers", "llamacpp")
+# words that follow a cut in code; a token the tokenizer keeps whole before each of them needs no healing
+BOUNDARY_PROBES = ("x", "self", "return", "value", "i", "1", "(", "_", '"', "[", "=", ".", ":", "s")
 
 
 def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int, quant: str = "none"):
@@ -259,6 +286,7 @@ SCHEDULES = ("fixed", "adaptive", "ast", "grow")
 CPU_PROMPT_TOKENS = 512
 GPU_PROMPT_TOKENS = 4096
 QUANTS = ("auto", "none", "int8")
+LEAN_GGUF_ARCHITECTURES = ("llama", "qwen2")  # llama.cpp's names for what engine.lean runs
 
 
 def load_engine(target: str, draft: str | None = None, *, device: str | None = None, dtype: str = "auto",
@@ -302,10 +330,14 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     if quant not in QUANTS:
         raise ValueError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
     from engine.gguf import resolve_gguf
+    from engine.gguf import architecture as gguf_architecture
     from engine.model import pick_device
 
     on_cpu = pick_device(device).type == "cpu"
-    quantized_source = on_cpu and resolve_gguf(target) is not None and config.backend in ("auto", "lean")
+    gguf_file = resolve_gguf(target) if on_cpu and config.backend in ("auto", "lean") else None
+    # int8 weights live in the lean decoder: a GGUF of another architecture (Gemma 3) keeps float32 on
+    # transformers, where bf16 wrote mis-indented code (Gemma-3-270M, 2026-12-05) and is opt-in
+    quantized_source = gguf_file is not None and gguf_architecture(gguf_file) in LEAN_GGUF_ARCHITECTURES
     if quant == "auto":
         quant = "int8" if quantized_source and dtype in ("auto", "bfloat16") else "none"
     if quant == "int8" and dtype == "auto":

@@ -171,7 +171,12 @@ def _rope_theta(cfg) -> float:
 
 
 class LeanLM:
-    """Drop-in for CachedLM: tokens, forward(new, keep_logits), truncate(n), prefill(tokens), reset()."""
+    """Drop-in for CachedLM: tokens, forward(new, keep_logits), truncate(n), prefill(tokens), reset().
+
+    Beyond CachedLM: token trees, forward_tree(tokens, parents) then keep_path(nodes).
+    """
+
+    supports_tree = True  # engine.tree.tree_support(lm) reads this; CachedLM has no trees
 
     def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None, max_len: int = 4096,
                  chunk: int | None = None, quant: str = "none"):
@@ -347,3 +352,126 @@ class LeanLM:
         if self.vocab_limit is not None:
             logits = logits[:, : self.vocab_limit]
         return logits
+
+    @torch.inference_mode()
+    def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Run a token tree after the cache in one forward; float32 logits (N, V), one row per node.
+
+        Node i holds tokens[i] and hangs from node parents[i] (an earlier node), or from the last
+        cached token when parents[i] is -1 (the speculative loop's pending token is node 0, the only
+        root, and the drafts hang from it). Node i sits at position len(self.tokens) + depth(i) and
+        attends to the whole cache, its ancestors and itself only. The cache and `tokens` are left
+        as they were; keep_path(nodes) then makes one root-to-node path part of the sequence.
+
+        Where a verify forward attends one query token at a time (CPU, at most INT8_MAX_ROWS
+        nodes), node i attends over exactly the keys a decode step would see: its path's K/V are
+        written, in path order, right after the cache (the nodes are visited depth first, so each
+        writes one row) and it attends over cache[:start + depth + 1]. Its row is then the decode
+        step's computation, bit for bit. Larger trees, and GPUs, use one forward with a tree mask.
+        """
+        n = len(tokens)
+        if n == 0 or len(parents) != n:
+            raise ValueError("forward_tree needs one parent per token, and at least one token")
+        depth: list[int] = []
+        for i, p in enumerate(parents):
+            if p == -1:
+                depth.append(0)
+            elif 0 <= p < i:
+                depth.append(depth[p] + 1)
+            else:
+                raise ValueError(f"parents[{i}] = {p}: a parent is -1 (the cache's last token) or an earlier node")
+        start = len(self.tokens)
+        per_token = self.manual_attention and n <= INT8_MAX_ROWS
+        room = start + (max(depth) + 1 if per_token else n)
+        if room > self.max_len:
+            raise ValueError(f"a tree needing {room} positions exceeds the lean cache ({self.max_len})")
+        self.forwards += 1
+        ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
+        pos = torch.tensor([start + dd for dd in depth], dtype=torch.long, device=self.device)
+        x = self.embed[ids]  # (N, C)
+        cos, sin = self.cos[pos], self.sin[pos]  # (N, D): RoPE by depth
+        h, kvh, d = self.n_heads, self.n_kv, self.head_dim
+        group = h // kvh
+        tree_kv = torch.empty((len(self.layers), 2, kvh, n, d), dtype=self.kv.dtype, device=self.device)
+        if per_token:
+            order = _depth_first(parents)
+        else:
+            anc = torch.zeros(n, n, dtype=torch.bool)
+            for i, p in enumerate(parents):  # ancestor-or-self rows
+                if p >= 0:
+                    anc[i] = anc[p]
+                anc[i, i] = True
+            mask = torch.cat([torch.ones(n, start, dtype=torch.bool), anc], 1).to(self.device)  # (N, start + N)
+            if self.manual_attention:
+                bias = torch.zeros(n, start + n, dtype=self.kv.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
+                bias = bias.repeat(group, 1)
+        for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
+            qkv = wqkv(self._rms(x, ln1, self.eps))  # (N, (H + 2 KVH) D)
+            q, k, v = qkv.split([h * d, kvh * d, kvh * d], -1)
+            q = self._rotate(q.view(n, h, d).transpose(0, 1), cos, sin)  # (H, N, D)
+            tree_kv[li, 0] = self._rotate(k.view(n, kvh, d).transpose(0, 1), cos, sin)
+            tree_kv[li, 1] = v.view(n, kvh, d).transpose(0, 1)
+            cache = self.kv[li]
+            if per_token:
+                qf = q.float()
+                outs: list[torch.Tensor | None] = [None] * n
+                for i in order:  # depth first: positions start..start+depth(i)-1 hold i's ancestors
+                    at = start + depth[i]
+                    cache[:, :, at] = tree_kv[li, :, :, i]
+                    outs[i] = self._attend_one(qf[:, i], cache[0, :, : at + 1], cache[1, :, : at + 1])
+                att = torch.stack(outs, 1).to(x.dtype)  # (H, N, D)
+            else:
+                cache[:, :, start : start + n] = tree_kv[li]
+                keys, values = cache[0, :, : start + n], cache[1, :, : start + n]
+                if self.manual_attention:
+                    scores = torch.matmul(q.float().reshape(kvh, group * n, d), keys.transpose(1, 2)).mul_(self.scale)
+                    att = torch.matmul(torch.softmax(scores.add_(bias), -1), values).to(x.dtype)
+                else:
+                    if group > 1:
+                        keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+                    att = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+            att = att.reshape(h, n, d).transpose(0, 1).reshape(n, h * d)
+            x = x + wo(att)
+            gate, up = wgu(self._rms(x, ln2, self.eps)).split(self.ffn, -1)
+            x = x + wdown(torch.nn.functional.silu(gate) * up)
+        self._tree = (start, self.forwards, [int(t) for t in tokens], list(parents), tree_kv)
+        logits = self.lm_head(self._rms(x, self.final_norm, self.eps)).float()
+        if self.vocab_limit is not None:
+            logits = logits[:, : self.vocab_limit]
+        return logits
+
+    def keep_path(self, nodes: Sequence[int]) -> None:
+        """After forward_tree: append the path `nodes` (a root, its child, ...) to the sequence.
+
+        Their K/V move to consecutive positions after the cache, exactly what running their tokens
+        one by one would have written; every other node is dropped.
+        """
+        tree = getattr(self, "_tree", None)
+        self._tree = None
+        if tree is None:
+            raise ValueError("keep_path needs a forward_tree first")
+        start, forwards, tokens, parents, tree_kv = tree
+        if forwards != self.forwards or len(self.tokens) != start:
+            raise ValueError("the cache changed since forward_tree")
+        nodes = [int(i) for i in nodes]
+        for j, i in enumerate(nodes):
+            if not 0 <= i < len(tokens) or parents[i] != (nodes[j - 1] if j else -1):
+                raise ValueError(f"nodes {nodes} are not a path from a root of the tree")
+        if nodes:
+            idx = torch.tensor(nodes, dtype=torch.long, device=self.device)
+            self.kv[:, :, :, start : start + len(nodes)] = tree_kv.index_select(3, idx)
+        self.tokens.extend(tokens[i] for i in nodes)
+
+
+def _depth_first(parents: Sequence[int]) -> list[int]:
+    """The nodes of a tree (parents[i] < i, -1 for a root) in depth-first preorder."""
+    children: list[list[int]] = [[] for _ in parents]
+    roots = []
+    for i, p in enumerate(parents):
+        (children[p] if p >= 0 else roots).append(i)
+    order, stack = [], roots[::-1]
+    while stack:
+        i = stack.pop()
+        order.append(i)
+        stack.extend(children[i][::-1])
+    return order

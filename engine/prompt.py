@@ -61,6 +61,17 @@ PLAIN = FimTemplate("plain", order="none")
 TEMPLATES = {t.family: t for t in (QWEN25_CODER, STARCODER2, DEEPSEEK_CODER, CODELLAMA, DRAFTLINE, SMOLLM, PLAIN)}
 
 
+def adds_bos(tokenizer: Any) -> bool:
+    """Does the tokenizer, left to itself, start every text with its BOS token?"""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    if bos is None:
+        return False
+    try:
+        return tokenizer.encode("x", add_special_tokens=True)[:1] == [bos]
+    except Exception:
+        return False
+
+
 def detect_template(tokenizer: Any, hint: str = "") -> FimTemplate:
     """Pick the family from the tokenizer's special tokens (a family name in `hint` wins)."""
     for name, template in TEMPLATES.items():
@@ -143,6 +154,10 @@ class PromptBuilder:
     """
 
     def __init__(self, template: FimTemplate, tokenizer: Any, budget: PromptBudget = PromptBudget(), repo: str = ""):
+        if not template.bos and adds_bos(tokenizer):
+            # a model whose tokenizer opens every text with BOS was trained so: Gemma 3 without it
+            # wrote blank lines where, with it, it wrote the function's loop (bench routing)
+            template = replace(template, bos=True)
         self.template = template
         self.tokenizer = tokenizer
         self.budget = budget

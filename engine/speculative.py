@@ -159,19 +159,10 @@ def generate(
     """
     stats = stats if stats is not None else CompletionStats()
     gamma = gamma or FixedGamma(5)
-    if cancel.is_set():
-        return [], "cancelled"
-    t0 = time.perf_counter()
-    logits, reused = target.prefill(prompt, cancel)
-    stats.prompt_tokens, stats.reused_tokens = len(prompt), reused
-    stats.target_forwards += 1
-    stats.prefill_s += time.perf_counter() - t0
-    if logits is None:  # cancelled between prefill chunks
+    pending = _first_token(target, prompt, cancel, stats, first_allowed, temperature, generator)
+    if pending is None:
         return [], "cancelled"
     out: list[int] = []
-    if first_allowed is not None:
-        logits = torch.full_like(logits, float("-inf")).index_copy_(0, first_allowed, logits[first_allowed])
-    pending = _choose(logits, temperature, generator)  # sampled but not yet in the target's cache
     while True:
         if pending in eos:
             return out, "eos"
@@ -201,19 +192,55 @@ def generate(
             accepted = accept_sampled(p, q[: len(proposal)] if q is not None else None, proposal, generator)
         n_ok = len(accepted) - 1
         target.truncate(base + 1 + n_ok)  # keep pending + accepted drafts; drop the rejected tail
+        stats.token_logprobs.extend(_logprob(verify_logits[j], tok) for j, tok in enumerate(accepted))
         stats.verify_s += time.perf_counter() - t0
         if proposal:
             stats.proposed.append(len(proposal))
             stats.accepted.append(n_ok)
             gamma.update(n_ok, len(proposal))
             drafter.feedback(n_ok, len(proposal))
-        for tok in accepted[:-1]:  # drafts the target agreed with, already in its cache
-            if tok in eos:
-                return out, "eos"
-            out.append(tok)
-            if len(out) >= max_new_tokens:
-                return out, "max_tokens"
-            reason = stop_check(out) if stop_check else None
-            if reason:  # stop where plain decoding would have: the same tokens, not a step's overshoot
-                return out, reason
+        reason = _take(out, accepted[:-1], eos, max_new_tokens, stop_check)
+        if reason:
+            return out, reason
         pending = accepted[-1]
+
+
+def _first_token(target, prompt: Sequence[int], cancel: threading.Event, stats: CompletionStats,
+                 first_allowed: torch.Tensor | None, temperature: float,
+                 generator: torch.Generator | None) -> int | None:
+    """Prefill the prompt (reusing the cache) and choose the first token; None when cancelled."""
+    if cancel.is_set():
+        return None
+    t0 = time.perf_counter()
+    logits, reused = target.prefill(prompt, cancel)
+    stats.prompt_tokens, stats.reused_tokens = len(prompt), reused
+    stats.target_forwards += 1
+    stats.prefill_s += time.perf_counter() - t0
+    if logits is None:  # cancelled between prefill chunks
+        return None
+    if first_allowed is not None:
+        logits = torch.full_like(logits, float("-inf")).index_copy_(0, first_allowed, logits[first_allowed])
+    tok = _choose(logits, temperature, generator)  # sampled but not yet in the target's cache
+    stats.token_logprobs.append(_logprob(logits, tok))
+    return tok
+
+
+def _logprob(logits: torch.Tensor, tok: int) -> float:
+    """log p of `tok` under the target's distribution `logits` (V,): what routing's confidence rule reads."""
+    return float(logits[tok] - torch.logsumexp(logits, -1))
+
+
+def _take(out: list[int], drafts: Sequence[int], eos: frozenset[int], max_new_tokens: int,
+          stop_check: Callable[[list[int]], str | None] | None) -> str | None:
+    """Append the drafts the target agreed with (already in its cache) to `out`, token by token,
+    stopping where plain decoding would have: the same tokens, not a step's overshoot."""
+    for tok in drafts:
+        if tok in eos:
+            return "eos"
+        out.append(tok)
+        if len(out) >= max_new_tokens:
+            return "max_tokens"
+        reason = stop_check(out) if stop_check else None
+        if reason:
+            return reason
+    return None

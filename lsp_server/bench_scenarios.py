@@ -32,6 +32,12 @@ SPEC_MODES = {  # name -> how it drafts and how it picks gamma (the issue's mode
     "ngram-grow": SpecConfig(drafter="ngram", schedule="grow"),  # long strides while a copy holds
     "ngram-m2": SpecConfig(drafter="ngram", schedule="adaptive", ngram_min=2),  # copies only after 2+ matching tokens
     "ngram-m3": SpecConfig(drafter="ngram", schedule="adaptive", ngram_min=3),
+    # token trees (issue 21): up to 13 nodes per verify, depth <= 4, <= 3 children per node; every
+    # earlier occurrence of the suffix that was followed by something else becomes a branch
+    "ngram-tree": SpecConfig(drafter="ngram", schedule="adaptive", tree_nodes=13, tree_depth=4, tree_branch=3),
+    "ngram-tree7": SpecConfig(drafter="ngram", schedule="adaptive", tree_nodes=7, tree_depth=4, tree_branch=3),
+    # the same loop with one child per node: a depth-4 chain, what the trees are measured against
+    "ngram-d4": SpecConfig(drafter="ngram", schedule="adaptive", tree_nodes=5, tree_depth=4, tree_branch=1),
     # the draft stops proposing at a guess it gives < 0.5 (the engine's default; agreement ~0.6 there)
     "adaptive-conf": SpecConfig(drafter="draft", schedule="adaptive", draft_confidence=0.5),
     "hybrid-conf": SpecConfig(drafter="hybrid", schedule="adaptive", draft_confidence=0.5),
@@ -313,6 +319,22 @@ def measure_costs(engine, context: int, ks=(1, 2, 4, 8, 16), reps: int = 15) -> 
     target = {k: median_ms(engine.target_lm, k) for k in ks}
     out = {"context": context, "target_forward_ms": target,
            "verify_cost": {k: target[k] / target[1] for k in ks}}  # a k-token verify, in plain steps
+    if getattr(engine.target_lm, "supports_tree", False):  # a 13-node tree (depth 4, 3 per level) vs its chain
+        lm, times = engine.target_lm, {"tree13": [], "chain5": []}
+        lm.reset()
+        lm.prefill(ids)
+        for _ in range(reps):
+            for name in times:
+                t0 = time.perf_counter()
+                if name == "tree13":
+                    lm.forward_tree(ids[:13], TREE13_PARENTS)
+                else:
+                    lm.forward(ids[:5], keep_logits=None)
+                times[name].append(time.perf_counter() - t0)
+                lm.truncate(context)
+        step = statistics.median(_one_step(lm, ids, context, reps))
+        out["tree"] = {name: {"ms": 1000 * statistics.median(t), "plain_steps": statistics.median(t) / step}
+                       for name, t in times.items()}
     chunk = getattr(engine.target_lm, "chunk", None)
     if chunk:  # a cold prefill of the whole context: in chunks (what the engine does) and as one forward
         prefill = {}
@@ -334,12 +356,32 @@ def measure_costs(engine, context: int, ks=(1, 2, 4, 8, 16), reps: int = 15) -> 
     return out
 
 
+# pending token + 3 drafts per level, 4 levels: the seed's depth 4 / branch 3 in 13 nodes
+TREE13_PARENTS = [-1, 0, 0, 0, 1, 1, 2, 4, 4, 5, 7, 7, 8]
+
+
+def _one_step(lm, ids, context: int, reps: int) -> list[float]:
+    """Seconds of plain decode steps, measured beside the tree (the load drifts)."""
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        lm.forward(ids[:1])
+        times.append(time.perf_counter() - t0)
+        lm.truncate(context)
+    return times
+
+
 def costs_table(costs: dict) -> str:
     ks = list(costs["target_forward_ms"])
     head = "| at {} prompt tokens | ".format(costs["context"]) + " | ".join(f"k={k}" for k in ks) + " |"
     rows = [head, "|---|" + "---|" * len(ks),
             "| target forward of k tokens | " + " | ".join(f"{costs['target_forward_ms'][k]:.2f} ms" for k in ks) + " |",
             "| in plain steps (verify cost) | " + " | ".join(f"{costs['verify_cost'][k]:.2f}" for k in ks) + " |"]
+    if "tree" in costs:
+        t = costs["tree"]
+        rows.append(f"\nverify of a 13-node tree (depth 4): {t['tree13']['ms']:.2f} ms = {t['tree13']['plain_steps']:.2f} "
+                    f"plain steps; a chain of depth 4 (5 tokens): {t['chain5']['ms']:.2f} ms = "
+                    f"{t['chain5']['plain_steps']:.2f} plain steps")
     if "prefill_ms" in costs:
         pf = costs["prefill_ms"]
         rows.append(f"\ncold prefill of {costs['context']} tokens: {pf['chunked']:.0f} ms in {pf['chunk']}-token chunks, "

@@ -26,6 +26,12 @@ def _bench_model(args: argparse.Namespace) -> int:
     return run_bench_model(args)
 
 
+def _bench_routing(args: argparse.Namespace) -> int:
+    from engine.bench_routing import run_bench_routing
+
+    return run_bench_routing(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
     from lsp_server.server import run_serve
 
@@ -156,6 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     bm = bench_sub.add_parser("model", help="held-out loss by context position, draft agreement, exact-match completions")
     add_bench_model_arguments(bm)
     bm.set_defaults(func=_bench_model)
+    from engine.bench_routing import add_arguments as add_bench_routing_arguments
+
+    bro = bench_sub.add_parser("routing", help="line model, block model and the router between them: latency, quality")
+    add_bench_routing_arguments(bro)
+    bro.set_defaults(func=_bench_routing)
     from lsp_server.bench_scenarios import add_arguments as add_bench_scenarios_arguments
 
     bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")

@@ -32,6 +32,9 @@ class ModelConfig:
     # an OpenAI-compatible server instead (engine/remote.py): { url, model, api_key_env, timeout_ms,
     # fallback = "none" | "local", allow_insecure, template, fim, prompt_chars }; None or url = "" = local
     remote: Mapping[str, Any] | None = None
+    # multi-model routing (engine/router.py): { line = {target, draft, options, remote, time_limit_ms},
+    # block = {...}, confidence = 0.8 }; a route left out is this table's own model; None = one model
+    routes: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -140,14 +143,23 @@ def resolve_config(
 
 
 def _without_remote(layer: dict[str, Any], root: Path) -> dict[str, Any]:
-    """A workspace file may not choose the remote server: a cloned repository could otherwise send
-    the user's code, and the key an environment variable holds, to a host of its choosing."""
+    """A workspace file may not choose the remote server (model.remote, or a route's): a cloned
+    repository could otherwise send the user's code, and the key an environment variable holds, to a
+    host of its choosing."""
     model = layer.get("model")
-    if isinstance(model, dict) and "remote" in model:
+    if not isinstance(model, dict):
+        return layer
+    if "remote" in model:
         log.warning("%s: ignoring model.remote (set it in the user config or the editor's settings)",
                     root / WORKSPACE_FILE)
-        layer = {**layer, "model": {k: v for k, v in model.items() if k != "remote"}}
-    return layer
+        model = {k: v for k, v in model.items() if k != "remote"}
+    routes = model.get("routes")
+    if isinstance(routes, dict) and any(isinstance(r, dict) and "remote" in r for r in routes.values()):
+        log.warning("%s: ignoring the routes' remote servers (set them in the user config or the editor's "
+                    "settings)", root / WORKSPACE_FILE)
+        model = {**model, "routes": {name: ({k: v for k, v in r.items() if k != "remote"} if isinstance(r, dict) else r)
+                                     for name, r in routes.items()}}
+    return {**layer, "model": model}
 
 
 def _unwrap(layer: Mapping[str, Any] | None) -> Mapping[str, Any]:

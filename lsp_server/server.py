@@ -343,11 +343,12 @@ class Draftline:
         engine_info: dict[str, Any] = {"state": self.slot.state, "target": model_label(self.config.model),
                                        "error": self.slot.error}
         engine = self.slot.completer.engine if self.slot.completer is not None else None
-        if callable(getattr(engine, "status", None)):  # the remote backend: its state, failures, fallbacks
+        if callable(getattr(engine, "status", None)):  # remote: its state, failures, fallbacks; routes: the models
+            what = "routing" if getattr(engine, "routes", None) is not None else "remote"
             try:
-                engine_info["remote"] = engine.status()
+                engine_info[what] = engine.status()
             except Exception as exc:
-                engine_info["remote"] = {"state": "error", "error": str(exc)}
+                engine_info[what] = {"state": "error", "error": str(exc)}
         return {
             "engine": engine_info,
             "requests": tel.requests,
@@ -603,6 +604,7 @@ def run_serve(args: Any) -> int:
     """``draftline serve``: stdio by default, ``--tcp HOST:PORT`` to listen instead."""
     if not getattr(args, "verbose", False):
         logging.getLogger("pygls").setLevel(logging.WARNING)  # it logs every message at INFO
+        logging.getLogger("httpx").setLevel(logging.WARNING)  # and httpx every remote request: a line a keystroke
     if getattr(args, "stdio", False) and args.tcp:
         print("draftline serve: --stdio and --tcp exclude each other", file=sys.stderr)
         return 2

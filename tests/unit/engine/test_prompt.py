@@ -100,3 +100,32 @@ def test_recent_encodings_are_reused_and_never_shared_mutably(tokenizer_dir):
     ids = builder.encode("def f():\n")
     ids.append(-1)  # a caller's change to its list does not reach the cache
     assert builder.encode("def f():\n") == tok.encode("def f():\n", add_special_tokens=False)
+
+
+class _BosTokenizer:
+    """A tokenizer that, like Gemma's or Llama's, opens every text with BOS unless told not to."""
+
+    bos_token, bos_token_id = "<bos>", 1
+
+    def __init__(self, adds: bool):
+        self.adds = adds
+
+    def encode(self, text, add_special_tokens=True):
+        ids = [1] if text == "<bos>" else [100 + ord(c) for c in text]
+        return ([1] if add_special_tokens and self.adds else []) + ids
+
+    def __call__(self, text, add_special_tokens=True, return_offsets_mapping=False):
+        return {"input_ids": self.encode(text, False), "offset_mapping": [(i, i + 1) for i in range(len(text))]}
+
+    def convert_tokens_to_ids(self, token):
+        return 1 if token == "<bos>" else 0
+
+    def get_vocab(self):
+        return {"<bos>": 1}
+
+
+@pytest.mark.parametrize("adds", [True, False])
+def test_a_tokenizer_that_opens_texts_with_bos_gets_it_in_the_prompt(adds):
+    builder = PromptBuilder(PLAIN, _BosTokenizer(adds), PromptBudget(total=400))
+    tokens = builder.build(CompletionRequest(prefix="def f():\n    ", path="a.py")).tokens
+    assert (tokens[0] == 1) is adds and tokens.count(1) == int(adds)

@@ -1,0 +1,192 @@
+"""Multi-model routing: which model answers, time limits, the confidence rule, lazy shared models."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from engine.router import Deadline, Model, Route, Router, geometric_confidence, tensor_bytes
+from engine.types import CompletionRequest, CompletionResult, CompletionStats
+from lsp_server.config import ModelConfig
+from lsp_server.engines import make_router
+
+
+class Clock:
+    """Time that passes only when a scripted engine takes a step: no test waits on the real clock."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return Clock.now
+
+
+class Scripted:
+    """An engine whose answer, confidence and pace are set by the test; it stops when its flag is set."""
+
+    def __init__(self, name: str, text: str, prob: float | None = 0.9, steps: int = 1, step_s: float = 0.0):
+        self.name, self.text, self.prob, self.steps, self.step_s = name, text, prob, steps, step_s
+        self.calls: list[CompletionRequest] = []
+        self.overrides: dict = {}
+        self.forgot = 0
+
+    def complete(self, request, cancel, spec=None):
+        self.calls.append(request)
+        out = ""
+        pieces = self.text.split("\n")
+        for i in range(self.steps):
+            if cancel.is_set():
+                return CompletionResult(out, cancelled=True, stop_reason="cancelled")
+            Clock.now += self.step_s
+            out = "\n".join(pieces[: max(1, (i + 1) * len(pieces) // self.steps)])  # the text so far, line by line
+        stats = CompletionStats()
+        if self.prob is not None:
+            stats.token_logprobs = [math.log(self.prob)] * 4
+        return CompletionResult(out, stop_reason="eos", stats=stats)
+
+    def apply_overrides(self, **kw):
+        self.overrides = kw
+        return None
+
+    def forget(self):
+        self.forgot += 1
+
+
+def router(line, block, limit_s=10.0, confidence=0.8, lazy_block=True):
+    built = []
+
+    def build(engine):
+        def make():
+            built.append(engine.name)
+            return engine
+        return make
+
+    models = {"line": Model("line", "line", build(line))}
+    if block is not None:
+        models["block"] = Model("block", "block", build(block))
+    routes = {"line": Route("line", "line", limit_s), "block": Route("block", "block" if block else "line", limit_s)}
+    return Router(models, routes, confidence, clock=Clock()), built
+
+
+SINGLE = CompletionRequest(prefix="x = ", mode="single-line")
+MULTI = CompletionRequest(prefix="def f():\n    ", mode="multi-line")
+
+
+def test_requests_go_to_their_route_and_models_load_lazily():
+    line, block = Scripted("line", "1"), Scripted("block", "a\nb")
+    r, built = router(line, block)
+    assert built == ["line"]  # the line model at start, the block model on first use
+    assert r.complete(SINGLE, threading.Event()).text == "1"
+    assert built == ["line"]
+    assert r.complete(MULTI, threading.Event()).text == "a\nb"
+    assert built == ["line", "block"] and len(line.calls) == 1 and len(block.calls) == 1
+    r.complete(MULTI, threading.Event())
+    assert built == ["line", "block"]  # loaded once, shared
+
+
+def test_a_block_past_its_time_limit_answers_with_its_verified_lines():
+    block = Scripted("block", "a\nb\nc\nd", steps=4, step_s=0.05)
+    r, _ = router(Scripted("line", "L"), block, limit_s=0.12)
+    result = r.complete(MULTI, threading.Event())
+    assert result.stop_reason == "time" and not result.cancelled
+    assert result.text == "a\nb"  # complete lines only (a, b, c were written by 0.15 s), a prefix of the block
+    assert r.status()["models"]["block"]["timeouts"] == 1
+
+
+def test_a_block_with_no_complete_line_by_the_limit_falls_back_to_the_fast_line():
+    line = Scripted("line", "fast line")
+    block = Scripted("block", "slow", steps=5, step_s=0.05)
+    r, _ = router(line, block, limit_s=0.02)
+    result = r.complete(MULTI, threading.Event())
+    assert result.text == "fast line"
+    assert line.calls[-1].mode == "single-line"  # asked for a line, not a block
+    assert r.status()["models"]["line"]["fallback_line"] == 1
+
+
+def test_an_unsure_line_is_asked_of_the_block_model():
+    line, block = Scripted("line", "guess", prob=0.5), Scripted("block", "better")
+    r, _ = router(line, block)
+    assert r.complete(SINGLE, threading.Event()).text == "better"
+    sure, _ = router(Scripted("line", "sure", prob=0.95), Scripted("block", "unused"))
+    assert sure.complete(SINGLE, threading.Event()).text == "sure"
+    off, _ = router(Scripted("line", "guess", prob=0.5), Scripted("block", "x"), confidence=0.0)
+    assert off.complete(SINGLE, threading.Event()).text == "guess"  # the rule can be turned off
+
+
+def test_the_fast_line_stands_when_the_escalation_runs_out_of_time():
+    line, block = Scripted("line", "guess", prob=0.5), Scripted("block", "better", steps=5, step_s=0.05)
+    r, _ = router(line, block, limit_s=0.03)
+    assert r.complete(SINGLE, threading.Event()).text == "guess"
+    assert r.status()["models"]["line"]["kept_after_timeout"] == 1
+
+
+def test_a_block_model_that_cannot_load_leaves_the_line_model_serving():
+    line = Scripted("line", "L")
+    models = {"line": Model("line", "line", lambda: line),
+              "block": Model("block", "block", lambda: (_ for _ in ()).throw(RuntimeError("no such file")))}
+    r = Router(models, {"line": Route("line", "line", 1), "block": Route("block", "block", 1)})
+    assert r.complete(MULTI, threading.Event()).text == "L"
+    status = r.status()["models"]["block"]
+    assert status["state"] == "failed" and "no such file" in status["error"]
+
+
+def test_cancel_passes_through_and_overrides_reach_every_model():
+    line, block = Scripted("line", "L"), Scripted("block", "B")
+    r, _ = router(line, block)
+    cancel = threading.Event()
+    cancel.set()
+    assert r.complete(MULTI, cancel).cancelled
+    r.apply_overrides(drafter="none")
+    assert line.overrides == {"drafter": "none"} and block.overrides == {"drafter": "none"}
+    r.forget()
+    assert line.forgot == 1
+
+
+def test_deadline_and_confidence_helpers():
+    outer = threading.Event()
+    d = Deadline(outer, time.perf_counter() + 60)
+    assert not d.is_set()
+    outer.set()
+    assert d.is_set() and not d.expired()
+    past = Deadline(threading.Event(), Clock.now - 1, Clock())
+    assert past.is_set() and past.expired()
+    stats = CompletionStats()
+    assert geometric_confidence(stats) is None
+    stats.token_logprobs = [math.log(0.5), math.log(0.8)]
+    assert geometric_confidence(stats) == pytest.approx(math.sqrt(0.4))
+
+
+def test_config_builds_shared_lazy_models():
+    cfg = ModelConfig(target="fake", fake_text="same", routes={"block": {"time_limit_ms": 50}, "confidence": 0.5})
+    r = make_router(cfg)
+    assert len(r.models) == 1  # no block model of its own: the line model writes blocks too
+    assert r.routes["block"].time_limit_s == pytest.approx(0.05) and r.confidence == 0.5
+    assert r.complete(MULTI, threading.Event()).text == "same"
+    for bad in ({"lines": {}}, {"confidence": 2}, {"block": {"time_limit_ms": -1}}, {"block": {"targt": "x"}}):
+        with pytest.raises(ValueError):
+            make_router(ModelConfig(target="fake", routes=bad))
+
+
+def test_memory_is_counted_per_model(model_dirs):
+    from engine.engine import load_engine
+
+    engine = load_engine(str(model_dirs["target"]))
+    weights = sum(t.numel() * t.element_size() for t in engine.target.weights.tensors.values())
+    assert tensor_bytes(engine) >= weights + engine.target_lm.kv.numel() * engine.target_lm.kv.element_size()
+
+
+def test_the_target_reports_each_answer_tokens_log_probability(model_dirs):
+    from engine.engine import load_engine
+    from engine.types import Limits, SpecConfig
+
+    engine = load_engine(str(model_dirs["target"]))
+    request = CompletionRequest(prefix="import json\n\ndef load(path):\n    with open(path) as f:\n        return json.",
+                                limits=Limits(max_tokens=24))
+    plain = engine.complete(request, threading.Event(), spec=SpecConfig(drafter="none"))
+    engine.forget()
+    drafted = engine.complete(request, threading.Event(), spec=SpecConfig(drafter="ngram", schedule="fixed", gamma=4))
+    assert plain.tokens == drafted.tokens and len(plain.stats.token_logprobs) == len(plain.tokens) > 0
+    assert all(lp <= 0 for lp in plain.stats.token_logprobs)
+    assert drafted.stats.token_logprobs == pytest.approx(plain.stats.token_logprobs, abs=1e-4)
