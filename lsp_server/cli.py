@@ -9,25 +9,25 @@ from pathlib import Path
 
 
 def _bench_engine(args: argparse.Namespace) -> int:
-    from engine.bench import run_bench_engine
+    from engine.bench.engine import run_bench_engine
 
     return run_bench_engine(args)
 
 
 def _bench_peers(args: argparse.Namespace) -> int:
-    from engine.bench_peers import run_bench_peers
+    from engine.bench.peers import run_bench_peers
 
     return run_bench_peers(args)
 
 
 def _bench_model(args: argparse.Namespace) -> int:
-    from engine.bench_model import run_bench_model
+    from engine.bench.model import run_bench_model
 
     return run_bench_model(args)
 
 
 def _bench_routing(args: argparse.Namespace) -> int:
-    from engine.bench_routing import run_bench_routing
+    from engine.bench.routing import run_bench_routing
 
     return run_bench_routing(args)
 
@@ -45,19 +45,19 @@ def _complete(args: argparse.Namespace) -> int:
 
 
 def _bench_lsp(args: argparse.Namespace) -> int:
-    from lsp_server.bench_lsp import run_bench_lsp
+    from lsp_server.bench.lsp import run_bench_lsp
 
     return run_bench_lsp(args)
 
 
 def _bench_context(args: argparse.Namespace) -> int:
-    from lsp_server.bench_context import run_bench_context
+    from lsp_server.bench.context import run_bench_context
 
     return run_bench_context(args)
 
 
 def _bench_scenarios(args: argparse.Namespace) -> int:
-    from lsp_server.bench_scenarios import run_bench_scenarios
+    from lsp_server.bench.scenarios import run_bench_scenarios
 
     return run_bench_scenarios(args)
 
@@ -69,7 +69,7 @@ def _indexer(command: str, args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from engine.train import TrainConfig, train
+    from engine.training.train import TrainConfig, train
 
     defaults = TrainConfig()
     cfg = TrainConfig(out=args.out or defaults.out, minutes=args.minutes, resume=args.resume, seed=args.seed,
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     icli.add_search_arguments(se)
     se.set_defaults(func=lambda a: _indexer("search", a))
 
-    from engine.train import SIZE_PRESETS, TrainConfig  # stdlib imports only: cheap for every command
+    from engine.training.train import SIZE_PRESETS, TrainConfig  # stdlib imports only: cheap for every command
 
     tr = sub.add_parser("train", help="train (or --resume) the bundled tokenizer, target and distilled draft")
     tr.add_argument("--minutes", type=float, default=60.0, help="wall-clock budget of this run")
@@ -147,37 +147,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (each prints the numbers the README quotes)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
-    from engine.bench import add_arguments as add_bench_engine_arguments
+    from engine.bench.engine import add_arguments as add_bench_engine_arguments
 
     be = bench_sub.add_parser("engine", help="speculative decoding vs plain greedy and transformers")
     add_bench_engine_arguments(be)
     be.set_defaults(func=_bench_engine)
-    from engine.bench_peers import add_arguments as add_bench_peers_arguments
+    from engine.bench.peers import add_arguments as add_bench_peers_arguments
 
     bp = bench_sub.add_parser("peers", help="llama.cpp (optional extra) vs draftline on the same weights, interleaved")
     add_bench_peers_arguments(bp)
     bp.set_defaults(func=_bench_peers)
-    from engine.bench_model import add_arguments as add_bench_model_arguments
+    from engine.bench.model import add_arguments as add_bench_model_arguments
 
     bm = bench_sub.add_parser("model", help="held-out loss by context position, draft agreement, exact-match completions")
     add_bench_model_arguments(bm)
     bm.set_defaults(func=_bench_model)
-    from engine.bench_routing import add_arguments as add_bench_routing_arguments
+    from engine.bench.routing import add_arguments as add_bench_routing_arguments
 
     bro = bench_sub.add_parser("routing", help="line model, block model and the router between them: latency, quality")
     add_bench_routing_arguments(bro)
     bro.set_defaults(func=_bench_routing)
-    from lsp_server.bench_scenarios import add_arguments as add_bench_scenarios_arguments
+    from lsp_server.bench.scenarios import add_arguments as add_bench_scenarios_arguments
 
     bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")
     add_bench_scenarios_arguments(bs)
     bs.set_defaults(func=_bench_scenarios)
-    from lsp_server.bench_context import add_arguments as add_bench_context_arguments
+    from lsp_server.bench.context import add_arguments as add_bench_context_arguments
 
     bc = bench_sub.add_parser("context", help="is the needed definition in the prompt at a first use, and does it help")
     add_bench_context_arguments(bc)
     bc.set_defaults(func=_bench_context)
-    from lsp_server.bench_lsp import add_arguments as add_bench_lsp_arguments
+    from lsp_server.bench.lsp import add_arguments as add_bench_lsp_arguments
 
     bl = bench_sub.add_parser("lsp", help="retype real lines through a real LSP client: latency, cancels, staleness")
     add_bench_lsp_arguments(bl)

@@ -6,7 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from lsp_server.bench_lsp import Run, Sample, pick_lines, run_bench, summarize
+from lsp_server.bench.lsp import Run, Sample, pick_lines, run_bench, summarize
 
 CODE = "import os\n\n\ndef first():\n    return 1\n\n\ndef join_paths(base, name):\n    return os.path.join(base, name)\n"
 

@@ -60,7 +60,7 @@ def test_typing_storm_against_a_flaky_server_has_no_stale_answer_and_no_hang(tmp
     import asyncio
     import sys
 
-    from lsp_server.bench_lsp import bench_settings, pick_lines, run_bench, summarize
+    from lsp_server.bench.lsp import bench_settings, pick_lines, run_bench, summarize
 
     backend.mode = "flaky"
     backend.chunks = ["x", "y", "z"]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import engine.sse_server as sse_server
-from lsp_server.bench_lsp import run_bench, storm, storm_tasks
+from lsp_server.bench.lsp import run_bench, storm, storm_tasks
 from tests.e2e.conftest import server_env
 
 

@@ -55,7 +55,7 @@ def tokenizer_dir(tmp_path_factory):
     import json as json_mod
     from pathlib import Path
 
-    from engine.train import train_tokenizer
+    from engine.training.train import train_tokenizer
 
     out = tmp_path_factory.mktemp("tok")
     src = Path(json_mod.__file__).parent

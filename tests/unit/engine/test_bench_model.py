@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from engine.bench_model import position_losses
+from engine.bench.model import position_losses
 from lsp_server.cli import main
 
 
@@ -33,7 +33,7 @@ def test_bench_model_reports_losses_agreement_and_samples(model_dirs, capsys):
 
 
 def test_edit_similarity():
-    from engine.bench_model import _edit_similarity
+    from engine.bench.model import _edit_similarity
 
     assert _edit_similarity("return x", " return x ") == 1.0
     assert _edit_similarity("", "") == 1.0 and _edit_similarity("abc", "") == 0.0
@@ -41,7 +41,7 @@ def test_edit_similarity():
 
 
 def test_parses_tells_valid_python_from_a_broken_line():
-    from engine.bench_model import _parses
+    from engine.bench.model import _parses
 
     assert _parses("def f(x):\n    return x + 1\n")
     assert not _parses("def f(x):\n    return (x + \n")

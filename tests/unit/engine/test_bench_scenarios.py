@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lsp_server.bench_scenarios import SPEC_MODES, degenerate, make_tasks, markdown_table
+from lsp_server.bench.scenarios import SPEC_MODES, degenerate, make_tasks, markdown_table
 from lsp_server.cli import main
 
 
@@ -37,7 +37,7 @@ def test_the_oracle_drafter_is_always_right_and_changes_nothing(model_dirs):
     import threading
 
     from engine.engine import load_engine
-    from lsp_server.bench_scenarios import OracleDrafter
+    from lsp_server.bench.scenarios import OracleDrafter
 
     engine = load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32")
     req = make_tasks(1, seed=0, scenarios=("function",))[0].request
@@ -51,7 +51,7 @@ def test_the_oracle_drafter_is_always_right_and_changes_nothing(model_dirs):
 
 
 def test_previous_keystroke_is_one_character_less_and_windows_are_the_servers():
-    from lsp_server.bench_scenarios import SERVER, previous_keystroke
+    from lsp_server.bench.scenarios import SERVER, previous_keystroke
 
     tasks = make_tasks(3, seed=1, scenarios=("single-line", "function"))
     for t in tasks:

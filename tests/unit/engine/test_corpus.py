@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.corpus import (END, MID, PRE, SEP, SUF, SourceFile, _hole_start, _looks_generated, collect, fim_text,
+from engine.training.corpus import (END, MID, PRE, SEP, SUF, SourceFile, _hole_start, _looks_generated, collect, fim_text,
                            is_permissive,
                            repo_samples, window_samples)
 
@@ -84,7 +84,7 @@ def test_window_samples_fit_a_window_whole_and_fim_ones_put_back_a_real_hole():
 def test_packed_rows_keep_samples_whole(tokenizer_dir):
     from transformers import AutoTokenizer
 
-    from engine.train import _pack_rows
+    from engine.training.train import _pack_rows
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     texts = [f"{SEP}a.py\n{SUF}\n{PRE}x = {i}\n{MID}y = {i}{END}" for i in range(50)]

@@ -117,7 +117,7 @@ def test_spec_options_reach_the_engine_and_bad_ones_are_refused(model_dirs):
 def test_mismatched_tokenizer_is_refused(model_dirs, tmp_path):
     from transformers import AutoTokenizer
 
-    from engine.train import train_tokenizer
+    from engine.training.train import train_tokenizer
     from tests.unit.engine.conftest import tiny_model
 
     tok = train_tokenizer(["completely different text " * 50, "zzz yyy xxx"], 300, tmp_path)

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.train import TrainConfig, _step
+from engine.training.train import TrainConfig, _step
 
 from .conftest import tiny_model
 
@@ -35,7 +35,7 @@ def test_a_fresh_run_then_a_resume_write_loadable_models_and_a_summary(tmp_path)
     import json
 
     from engine.engine import load_engine
-    from engine.train import train
+    from engine.training.train import train
 
     out = tmp_path / "models"
     cfg = TrainConfig(out=str(out), state=str(tmp_path / "state"), minutes=0.03, seq=128, batch=4, size="tiny",
@@ -55,7 +55,7 @@ def test_a_fresh_run_then_a_resume_write_loadable_models_and_a_summary(tmp_path)
 
 
 def test_an_unknown_size_is_refused_before_any_work(tmp_path):
-    from engine.train import train
+    from engine.training.train import train
 
     with pytest.raises(ValueError, match="unknown size"):
         train(TrainConfig(out=str(tmp_path), state=str(tmp_path), size="huge"))

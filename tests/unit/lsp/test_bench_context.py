@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from lsp_server.bench_context import _first_use, _run, make_tasks
+from lsp_server.bench.context import _first_use, _run, make_tasks
 from tests.unit.lsp.test_digest import MAIN, SHAPES, UTIL  # noqa: F401 (the same small workspace)
 
 

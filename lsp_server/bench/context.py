@@ -162,7 +162,7 @@ def _context_for_s(snap: Any, request: Any, cfg: Any) -> float:
 
 
 def _run(args: argparse.Namespace) -> dict[str, Any]:
-    from engine.bench_model import _edit_similarity
+    from engine.bench.model import _edit_similarity
     from lsp_server.completer import Completer, build_request, context_for
     from lsp_server.engines import make_engine
     from lsp_server.index_handle import IndexHandle

@@ -68,7 +68,7 @@ def agreement(target, draft, windows) -> float:
 
 def run_bench_model(args: argparse.Namespace) -> int:
     from engine.bundled import resolve
-    from engine.corpus import held_out_files, repo_samples
+    from engine.training.corpus import held_out_files, repo_samples
     from engine.engine import load_engine
 
     try:

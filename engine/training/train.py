@@ -88,8 +88,8 @@ class TrainConfig:
     models: tuple[str, ...] = ("target", "draft")  # which of the pair this run trains (the other is kept as is)
     size: str | None = None  # a SIZE_PRESETS name (None: 5m for a fresh run; a resumed run keeps its sizes)
     device: str = "auto"  # auto = cuda when available, else cpu
-    max_chars: int = 60_000_000  # training text gathered (see engine.corpus.collect)
-    fim_rate: float = 0.5  # share of samples that are fill-in-the-middle (engine.corpus.FIM_RATE)
+    max_chars: int = 60_000_000  # training text gathered (see engine.training.corpus.collect)
+    fim_rate: float = 0.5  # share of samples that are fill-in-the-middle (engine.training.corpus.FIM_RATE)
 
 
 def _llama_config(size: ModelSize, tok, seq: int):
@@ -190,7 +190,7 @@ def train(cfg: TrainConfig) -> dict:
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
-    from engine.corpus import collect, repo_samples, window_samples
+    from engine.training.corpus import collect, repo_samples, window_samples
 
     if cfg.size is not None and cfg.size not in SIZE_PRESETS:
         raise ValueError(f"unknown size {cfg.size!r}: one of {', '.join(SIZE_PRESETS)}")

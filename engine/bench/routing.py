@@ -1,6 +1,6 @@
 """`draftline bench routing`: what multi-model routing buys over either model alone.
 
-Held-out tasks (engine.corpus' split, never trained on): single lines cut a third of the way in, and
+Held-out tasks (engine.training.corpus' split, never trained on): single lines cut a third of the way in, and
 blocks (the cursor at the start of a function's body, the answer its first lines). Each task runs
 through three arms on the same loaded models, caches dropped before each run (the first request in
 a file): the line model alone, the block model alone, and the router (engine/router.py: single
@@ -37,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def tasks(n: int, seed: int) -> list[tuple[str, CompletionRequest, str]]:
     """(kind, request, what the file really says) for n single lines and n blocks from held-out files."""
-    from engine.corpus import held_out_files
+    from engine.training.corpus import held_out_files
 
     rng = random.Random(seed)
     files = [f for f in held_out_files() if f.text.count("\n") > 40]
@@ -72,7 +72,7 @@ def tasks(n: int, seed: int) -> list[tuple[str, CompletionRequest, str]]:
 
 
 def _score(text: str, real: str) -> dict:
-    from engine.bench_model import _edit_similarity
+    from engine.bench.model import _edit_similarity
 
     first = text.strip().split("\n", 1)[0].strip()
     return {"exact_first_line": first == real.strip().split("\n", 1)[0].strip() and first != "",

@@ -93,7 +93,7 @@ class Task:
 
 
 def _held_out_files() -> list[tuple[str, str]]:
-    from engine.corpus import held_out_files
+    from engine.training.corpus import held_out_files
 
     return [(f.path, f.text) for f in held_out_files()]
 

@@ -87,7 +87,7 @@ def held_out_prompts(n: int, chars: int, seed: int) -> list[tuple[str, str, str]
     """(path, prefix, suffix) cut at the start of an indented line inside real code from the held-out
     split (stdlib json/email/asyncio/logging, pygls, watchdog): code the bundled pair never trained
     on, so its acceptance is not inflated by memorised text."""
-    from engine.corpus import held_out_files
+    from engine.training.corpus import held_out_files
 
     files = sorted((f for f in held_out_files() if len(f.text) > 8000), key=lambda f: f.path)
     rng = random.Random(seed)
@@ -110,7 +110,7 @@ def random_pair(workdir: Path, seed: int = 0) -> tuple[str, str]:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from engine.train import train_tokenizer
+    from engine.training.train import train_tokenizer
 
     root = Path(sysconfig.get_paths()["stdlib"])
     texts = [p.read_text(errors="replace") for p in sorted(root.glob("*.py"))[:120]]

