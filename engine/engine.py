@@ -296,6 +296,9 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
                 remember_completions: int | None = None, **spec: Any) -> Engine:
     """Load a target (and optional draft sharing its tokenizer) and build an Engine.
 
+    ``draft="self:N"`` drafts with the target's own first N layers and its head (``"self:N:K"``: a
+    head over the K most frequent tokens), sharing the target's weights (engine.selfdraft; lean decoder only).
+
     ``backend`` (auto | lean | transformers | llamacpp) overrides ``config.backend``, and SpecConfig
     fields (``drafter``, ``schedule``, ``gamma``, ``draft_confidence``, ...) override ``config.spec``,
     so that the server's ``model.options = { backend = "llamacpp", drafter = "ngram" }`` reaches them.
@@ -346,11 +349,21 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     if prompt_tokens or config.budget.total == PromptBudget().total:  # a caller's own budget stays
         total = prompt_tokens or (CPU_PROMPT_TOKENS if on_cpu else GPU_PROMPT_TOKENS)
         config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, total=total))
+    from engine.selfdraft import attach, parse_self_draft
+
+    self_draft = parse_self_draft(draft or "")  # "self:N[:K]": the target's first N layers (engine.selfdraft)
+    if self_draft is not None:
+        if config.backend not in ("auto", "lean"):
+            raise ValueError(f"draft {draft!r} runs on the lean decoder, not backend {config.backend!r}")
+        draft = None
     tgt = load_model(target, device=device, dtype=dtype, trust_remote_code=trust_remote_code)
     drf = load_model(draft, device=device, dtype=dtype, trust_remote_code=trust_remote_code) if draft else None
     if drf is not None:
         check_shared_tokenizer(tgt, drf)
-    return Engine(tgt, drf, config)
+    engine = Engine(tgt, drf, config)
+    if self_draft is not None:
+        attach(engine, *self_draft)
+    return engine
 
 
 def check_shared_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

@@ -26,6 +26,12 @@ def _bench_model(args: argparse.Namespace) -> int:
     return run_bench_model(args)
 
 
+def _bench_selfdraft(args: argparse.Namespace) -> int:
+    from engine.bench.selfdraft import run_bench_selfdraft
+
+    return run_bench_selfdraft(args)
+
+
 def _bench_routing(args: argparse.Namespace) -> int:
     from engine.bench.routing import run_bench_routing
 
@@ -167,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     bro = bench_sub.add_parser("routing", help="line model, block model and the router between them: latency, quality")
     add_bench_routing_arguments(bro)
     bro.set_defaults(func=_bench_routing)
+    from engine.bench.selfdraft import add_arguments as add_bench_selfdraft_arguments
+
+    bsd = bench_sub.add_parser("selfdraft", help="self-speculation (the target's first layers as the draft) vs plain and n-gram")
+    add_bench_selfdraft_arguments(bsd)
+    bsd.set_defaults(func=_bench_selfdraft)
     from lsp_server.bench.scenarios import add_arguments as add_bench_scenarios_arguments
 
     bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")
