@@ -143,8 +143,10 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 # Without a chunk size of its own (transformers, a GPU lean decoder), a prefill that can be cancelled
-# runs in pieces of this many tokens: the cancel flag is checked between them.
-CANCEL_CHUNK = 512
+# runs in pieces of this many tokens: the cancel flag is checked between them. 256 as the lean CPU
+# decoder's chunk: a routed block model's time limit overshoots by at most one piece (Gemma-3-270M on
+# transformers prefilled a 512-token prompt in one ~700 ms piece past a 150 ms limit, 2026-12-05)
+CANCEL_CHUNK = 256
 
 
 def prefill_reusing(lm, tokens: Sequence[int], cancel: threading.Event | None = None) -> tuple[torch.Tensor | None, int]:
