@@ -17,6 +17,12 @@ export interface ServerStatus {
   latency_ms?: { count?: number; p50?: number; p99?: number };
   index?: { state?: string; files?: number; pending?: number; chunks?: number };
   memory?: { rss_mb?: number };
+  /** lsp_server/monitor.py: the live rules; `degraded` names the rules in their degraded state. */
+  monitor?: {
+    state?: string;
+    degraded?: string[];
+    rules?: { acceptance?: { drafter?: string }; latency?: { p99_ms?: number | null } };
+  };
 }
 
 export interface StatusView {
@@ -35,6 +41,23 @@ function indexText(index: ServerStatus['index']): string {
   return total > 0 && pending > 0 ? `indexing ${percent(files / total)}` : 'indexing';
 }
 
+/** One degraded rule and what the server did about it (the actions of lsp_server/monitor.py). */
+function ruleText(rule: string, monitor: ServerStatus['monitor']): string {
+  const rules = monitor?.rules ?? {};
+  switch (rule) {
+    case 'latency':
+      return `latency p99 ${rules.latency?.p99_ms ?? '?'} ms`;
+    case 'acceptance':
+      return `low acceptance, drafting with ${rules.acceptance?.drafter ?? 'less'}`;
+    case 'memory':
+      return 'memory high, KV caches dropped';
+    case 'identical':
+      return 'output differed from plain decoding, target-only mode';
+    default:
+      return rule;
+  }
+}
+
 /** What the status bar shows; `status` is undefined while the server is not running or answering. */
 export function statusView(status: ServerStatus | undefined, enabled: boolean, running: boolean): StatusView {
   if (!running || !status) {
@@ -51,6 +74,8 @@ export function statusView(status: ServerStatus | undefined, enabled: boolean, r
   ];
   if (engine.error) lines.push(`error: ${engine.error}`);
   if (status.memory?.rss_mb !== undefined) lines.push(`server memory ${status.memory.rss_mb} MB`);
+  const degraded = status.monitor?.state === 'degraded' ? status.monitor.degraded ?? [] : [];
+  if (degraded.length) lines.push(`degraded: ${degraded.map((rule) => ruleText(rule, status.monitor)).join('; ')}`);
   lines.push(enabled ? 'Click for details, toggle and restart' : 'Inline completions are off; click to turn them on');
   const tooltip = lines.join('\n');
   const indexing = indexText(status.index);
@@ -61,5 +86,9 @@ export function statusView(status: ServerStatus | undefined, enabled: boolean, r
   const ms = latency.count ? `${Math.round(latency.p50 ?? 0)} ms` : '– ms';
   const parts = [ms, percent(status.acceptance_rate ?? 0)];
   if (indexing) parts.push(indexing);
+  if (degraded.length) {
+    parts.push(`degraded (${degraded.join(', ')})`);
+    return { text: `$(warning) draftline ${parts.join(' · ')}`, tooltip, warning: true };
+  }
   return { text: `$(sparkle) draftline ${parts.join(' · ')}`, tooltip, warning: false };
 }

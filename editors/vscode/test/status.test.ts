@@ -38,3 +38,18 @@ test('loading, failed, no model, off, not running', () => {
   assert.equal(statusView(undefined, true, false).warning, true);
   assert.equal(statusView({ ...ready, latency_ms: { count: 0 } }, true, true).text, '$(sparkle) draftline – ms · 25%');
 });
+
+test('a degraded monitor rule shows as a warning, with what the server did', () => {
+  const monitor = {
+    state: 'degraded',
+    degraded: ['acceptance', 'identical'],
+    rules: { acceptance: { drafter: 'ngram' }, latency: { p99_ms: 80 } },
+  };
+  const view = statusView({ ...ready, monitor }, true, true);
+  assert.equal(view.text, '$(warning) draftline 12 ms · 25% · degraded (acceptance, identical)');
+  assert.equal(view.warning, true);
+  assert.match(view.tooltip, /degraded: low acceptance, drafting with ngram; output differed from plain decoding, target-only mode/);
+  const ok = statusView({ ...ready, monitor: { state: 'ok', degraded: [] } }, true, true);
+  assert.equal(ok.text, '$(sparkle) draftline 12 ms · 25%');
+  assert.equal(ok.warning, false);
+});
