@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--tcp", metavar="HOST:PORT", help="listen on a TCP address instead of stdio")
     serve.add_argument("--config", type=Path, default=None,
                        help="user config TOML (default ~/.config/draftline/config.toml)")
+    serve.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                       help="serve Prometheus metrics on http://127.0.0.1:PORT/metrics (needs draftline[metrics])")
     serve.set_defaults(func=_serve)
 
     complete = sub.add_parser("complete", help="complete at FILE:LINE:COL (1-based) and print text and stats")

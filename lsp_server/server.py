@@ -30,6 +30,7 @@ from lsp_server.index_handle import IndexHandle
 from lsp_server.suggestions import SuggestionCache
 from lsp_server.config import WORKSPACE_FILE, Config, IndexConfig, resolve_config
 from lsp_server.documents import ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, with_selection
+from lsp_server import metrics
 from lsp_server.monitor import Monitor, monitor_for
 from lsp_server.scheduler import Scheduler, Telemetry, rss_mb
 
@@ -95,6 +96,7 @@ class Draftline:
         self.ls = ls
         self.shared = shared  # lsp_server.daemon.Shared: the engine thread, engines, indexes (serve --tcp)
         self.session = shared.session_id() if shared is not None else ""
+        metrics.track(self)  # serve --metrics-port reads status() of every live session
         self.user_config = user_config
         self.config = Config()
         self.init_options: Any = None
@@ -608,6 +610,12 @@ def run_serve(args: Any) -> int:
     if getattr(args, "stdio", False) and args.tcp:
         print("draftline serve: --stdio and --tcp exclude each other", file=sys.stderr)
         return 2
+    if getattr(args, "metrics_port", None) is not None:
+        try:
+            metrics.start_metrics(args.metrics_port)
+        except (RuntimeError, OSError) as exc:
+            print(f"draftline serve: {exc}", file=sys.stderr)
+            return 2
     if args.tcp:  # one daemon, several editors: each connection its own session (lsp_server/daemon.py)
         from lsp_server.daemon import serve_sessions
 
