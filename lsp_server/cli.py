@@ -26,6 +26,12 @@ def _bench_model(args: argparse.Namespace) -> int:
     return run_bench_model(args)
 
 
+def _bench_llama_server(args: argparse.Namespace) -> int:
+    from engine.bench.llama_server import run_bench_llama_server
+
+    return run_bench_llama_server(args)
+
+
 def _bench_selfdraft(args: argparse.Namespace) -> int:
     from engine.bench.selfdraft import run_bench_selfdraft
 
@@ -180,6 +186,11 @@ def build_parser() -> argparse.ArgumentParser:
     bsd = bench_sub.add_parser("selfdraft", help="self-speculation (the target's first layers as the draft) vs plain and n-gram")
     add_bench_selfdraft_arguments(bsd)
     bsd.set_defaults(func=_bench_selfdraft)
+    from engine.bench.llama_server import add_arguments as add_bench_llama_server_arguments
+
+    bls = bench_sub.add_parser("llama-server", help="draftline's default path vs llama.cpp's llama-server on the same GGUF")
+    add_bench_llama_server_arguments(bls)
+    bls.set_defaults(func=_bench_llama_server)
     from lsp_server.bench.scenarios import add_arguments as add_bench_scenarios_arguments
 
     bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")
