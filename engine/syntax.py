@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+from indexer.chunker import point_at
+
 log = logging.getLogger(__name__)
 
 # nodes that open a nesting level a reader (and a small model) has to keep track of
@@ -38,7 +40,8 @@ class DepthTracker:
         if self.tree is not None and data.startswith(self.source):
             old = len(self.source)
             self.tree.edit(start_byte=old, old_end_byte=old, new_end_byte=len(data),
-                           start_point=_point(self.source), old_end_point=_point(self.source), new_end_point=_point(data))
+                           start_point=point_at(self.source, old), old_end_point=point_at(self.source, old),
+                           new_end_point=point_at(data, len(data)))
             self.tree = self.parser.parse(data, self.tree)
         else:
             self.tree = self.parser.parse(data)
@@ -56,11 +59,6 @@ class DepthTracker:
                     depth += (len(line) - len(line.lstrip())) // 4
             node = node.parent
         return depth
-
-
-def _point(data: bytes) -> tuple[int, int]:
-    row = data.count(b"\n")
-    return row, len(data) - (data.rfind(b"\n") + 1)
 
 
 def _bracket_depth(text: str) -> int:

@@ -23,7 +23,8 @@ _MAX_DESCENT = 4  # how deep to look through non-definition statements (if/try/#
 TREE_CACHE = 8  # syntax trees kept for incremental re-parsing of the files edited last
 
 
-def _point(data: bytes, offset: int) -> Point:
+def point_at(data: bytes, offset: int) -> Point:
+    """The tree-sitter (row, column) of byte ``offset`` in ``data`` (tree.edit's points)."""
     row = data.count(b"\n", 0, offset)
     return Point(row, offset - (data.rfind(b"\n", 0, offset) + 1))
 
@@ -161,7 +162,7 @@ class Chunker:
                 tree = old_tree
             else:
                 start, old_end, new_end = edit
-                old_tree.edit(start, old_end, new_end, _point(old, start), _point(old, old_end), _point(data, new_end))
+                old_tree.edit(start, old_end, new_end, point_at(old, start), point_at(old, old_end), point_at(data, new_end))
                 tree = parser.parse(data, old_tree)
         if tree is None:
             tree = parser.parse(data)

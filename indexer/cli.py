@@ -24,12 +24,6 @@ def _stderr_progress(done: int, total: int, message: str) -> None:
         print(f"[index] {done}/{total} {message}", file=sys.stderr, flush=True)
 
 
-def open_index(directory: str | Path, config: IndexConfig | None = None, progress=None) -> Index:
-    index = Index([Path(directory)], config or IndexConfig())
-    index.build(progress=progress)
-    return index
-
-
 def index_command(directory: str | Path, json: bool = False, config: IndexConfig | None = None,
                   out: TextIO | None = None) -> dict:
     """Index DIR (incrementally, using the cache) and print a summary. Returns the summary."""

@@ -25,10 +25,9 @@ class ModelConfig:
     # carrying one, an HF directory or hub id; "tiny" = the 5.3M test pair; "fake" = the test engine
     target: str = ""
     draft: str | None = None
-    options: Mapping[str, Any] = field(default_factory=dict)  # passed to engine.engine.load_engine
-    fake_step_s: float = 0.0  # FakeEngine: seconds per step (cancellation tests)
-    fake_text: str | None = None  # FakeEngine: fixed completion text
-    fake_fail_load: bool = False  # FakeEngine: raise while loading (load-failure tests)
+    # passed to engine.engine.load_engine; with target = "fake", the FakeEngine's knobs instead:
+    # { step_s = seconds per step, text = fixed completion text, fail_load = true } (lsp_server/engines.py)
+    options: Mapping[str, Any] = field(default_factory=dict)
     # an OpenAI-compatible server instead (engine/remote.py): { url, model, api_key_env, timeout_ms,
     # fallback = "none" | "local", allow_insecure, template, fim, prompt_chars }; None or url = "" = local
     remote: Mapping[str, Any] | None = None
@@ -60,8 +59,9 @@ class CompletionConfig:
 
 
 @dataclass(frozen=True)
-class IndexConfig:
-    """Whether and how the workspace is indexed (the rest is the indexer's own config)."""
+class IndexSettings:
+    """The server's ``[index]`` table: whether and how the workspace is indexed; ``options`` holds the
+    indexer's own config (indexer.config.IndexConfig fields)."""
 
     enabled: bool = True
     overlay_delay_ms: float = 750.0  # re-index an edited buffer once typing pauses this long (0 = every change)
@@ -104,7 +104,7 @@ class Config:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     completion: CompletionConfig = field(default_factory=CompletionConfig)
-    index: IndexConfig = field(default_factory=IndexConfig)
+    index: IndexSettings = field(default_factory=IndexSettings)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 

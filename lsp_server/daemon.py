@@ -27,7 +27,7 @@ from typing import Any
 
 from lsp_server.engines import make_engine
 from lsp_server.index_handle import open_index
-from lsp_server.config import IndexConfig, ModelConfig
+from lsp_server.config import IndexSettings, ModelConfig
 from lsp_server.scheduler import Scheduler
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,10 @@ class IndexRegistry:
         self._open: dict[tuple, list[Any]] = {}  # key -> [index, users]
 
     @staticmethod
-    def _key(roots: Sequence[Path], cfg: IndexConfig) -> tuple:
+    def _key(roots: Sequence[Path], cfg: IndexSettings) -> tuple:
         return tuple(sorted(str(Path(r).resolve()) for r in roots)), repr(cfg)
 
-    def acquire(self, roots: Sequence[Path], cfg: IndexConfig) -> Any:
+    def acquire(self, roots: Sequence[Path], cfg: IndexSettings) -> Any:
         """The shared index of ``roots`` (opened on first use); None when it cannot open."""
         key = self._key(roots, cfg)
         with self._lock:  # held while opening: a second session waits and then shares it

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.types import CompletionRequest, CompletionResult
 from lsp_server.config import ModelConfig
@@ -27,11 +27,7 @@ def make_engine(model: ModelConfig) -> Engine:
             return load_remote(remote)  # ValueError for a bad table: the server shows it as a load failure
         return load_remote(remote, fallback=make_engine(replace(model, remote=None)))
     if model.target == "fake":
-        if model.fake_fail_load:
-            raise RuntimeError("fake engine configured to fail loading")
-        from engine.fake import FakeEngine
-
-        return FakeEngine(step_s=model.fake_step_s, text=model.fake_text)
+        return make_fake(model.options)
     from engine.bundled import resolve
 
     target, draft, defaults = resolve(model.target, model.draft)
@@ -39,6 +35,30 @@ def make_engine(model: ModelConfig) -> Engine:
     from engine.engine import load_engine  # torch lives behind this import
 
     return load_engine(target, draft, **options)
+
+
+FAKE_OPTIONS = {"step_s", "text", "fail_load"}
+
+
+def make_fake(options: Mapping[str, Any]) -> Engine:
+    """The FakeEngine (test engine) for ``model.options``: { step_s = seconds per step (cancellation
+    tests), text = fixed completion text, fail_load = true (load-failure tests) }. ValueError for any
+    other key (the server shows it as a load failure)."""
+    if unknown := sorted(set(options) - FAKE_OPTIONS):
+        raise ValueError(f"model.options: unknown option(s) {', '.join(map(str, unknown))} for the fake engine; "
+                         f"it takes {', '.join(sorted(FAKE_OPTIONS))}")
+    step_s, text, fail_load = options.get("step_s", 0.0), options.get("text"), options.get("fail_load", False)
+    if isinstance(step_s, bool) or not isinstance(step_s, (int, float)) or step_s < 0:
+        raise ValueError(f"model.options.step_s must be a number >= 0, not {step_s!r}")
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"model.options.text must be a string, not {text!r}")
+    if not isinstance(fail_load, bool):
+        raise ValueError(f"model.options.fail_load must be true or false, not {fail_load!r}")
+    if fail_load:
+        raise RuntimeError("fake engine configured to fail loading")
+    from engine.fake import FakeEngine
+
+    return FakeEngine(step_s=float(step_s), text=text)
 
 
 ROUTE_KEYS = {"target", "draft", "options", "remote", "time_limit_ms"}

@@ -13,12 +13,12 @@ from typing import Any
 from indexer.imports import FileTable
 from indexer.models import Chunk
 from lsp_server.completer import Retriever
-from lsp_server.config import IndexConfig
+from lsp_server.config import IndexSettings
 
 log = logging.getLogger(__name__)
 
 
-def open_index(roots: Sequence[Path], cfg: IndexConfig) -> Retriever | None:
+def open_index(roots: Sequence[Path], cfg: IndexSettings) -> Retriever | None:
     """The workspace index (indexer.Index, not yet built), or None when disabled, rootless or unavailable."""
     if not cfg.enabled or not roots:
         return None
@@ -58,7 +58,7 @@ class IndexHandle:
         self._watcher: Any = None  # indexer.watch.Watcher over the open index's roots
         self._watch_lock = threading.Lock()
 
-    def open_and_build(self, roots: Sequence[Path], cfg: IndexConfig, progress: Any = None,
+    def open_and_build(self, roots: Sequence[Path], cfg: IndexSettings, progress: Any = None,
                        watch: Any = None) -> None:
         """Blocking: run on a worker thread. A `detach` meanwhile makes this run's result moot.
 

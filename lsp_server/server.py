@@ -28,7 +28,7 @@ from lsp_server.completer import Completer, build_request, context_for
 from lsp_server.engines import make_engine
 from lsp_server.index_handle import IndexHandle
 from lsp_server.suggestions import SuggestionCache
-from lsp_server.config import WORKSPACE_FILE, Config, IndexConfig, resolve_config
+from lsp_server.config import WORKSPACE_FILE, Config, IndexSettings, resolve_config
 from lsp_server.documents import ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, with_selection
 from lsp_server import metrics
 from lsp_server.monitor import Monitor, monitor_for
@@ -396,7 +396,7 @@ def _engine_runner(scheduler: Scheduler):
     return run
 
 
-def _index_needs_rebuild(old: IndexConfig, new: IndexConfig) -> bool:
+def _index_needs_rebuild(old: IndexSettings, new: IndexSettings) -> bool:
     """Whether an [index] change needs the index reopened (the overlay delay is read where it is used)."""
     return dataclasses.replace(old, overlay_delay_ms=new.overlay_delay_ms) != new
 

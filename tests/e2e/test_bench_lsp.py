@@ -18,7 +18,7 @@ def test_retyping_through_the_real_server_accounts_for_every_request(tmp_path: P
     (ws / "b.py").write_text(CODE.replace("join_paths", "split_path").replace("os.path.join(base, name)", "base.split(name)"))
     tasks = pick_lines(ws, 5, seed=1)
     assert len(tasks) == 2 and all(t.text.strip() for t in tasks)
-    settings = {"model": {"target": "fake", "fake_step_s": 0.001}, "completion": {"debounce_ms": 2},
+    settings = {"model": {"target": "fake", "options": {"step_s": 0.001}}, "completion": {"debounce_ms": 2},
                 "index": {"enabled": False}}
     run = asyncio.run(run_bench(ws, tasks, keys_per_s=60, settings=settings, pause_s=20,
                                 server=[sys.executable, "-m", "lsp_server", "serve"]))

@@ -49,7 +49,7 @@ class RawClient:
                 self.send({"id": message["id"], "result": None})
 
     async def start(self, root: str, text: str, step_s: float = 0.0) -> None:
-        options = {"draftline": {"model": {"target": "fake", "fake_text": text, "fake_step_s": step_s},
+        options = {"draftline": {"model": {"target": "fake", "options": {"text": text, "step_s": step_s}},
                                  "index": {"enabled": False}, "completion": {"debounce_ms": 0}}}
         await self.request("initialize", {"processId": None, "rootUri": f"file://{root}", "capabilities": {},
                                           "initializationOptions": options})

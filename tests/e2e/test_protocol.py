@@ -68,7 +68,7 @@ async def test_unknown_document_and_bad_position_answer_empty(client: LanguageCl
 
 
 async def test_model_that_fails_to_load_shows_a_message_and_answers_empty(client: LanguageClient):
-    await initialize(client, init_options=options(fake_fail_load=True), wait="failed")
+    await initialize(client, init_options=options(options={"fail_load": True}), wait="failed")
     assert any(m.type == t.MessageType.Error and "failed to load" in m.message for m in client.messages)
     open_doc(client, DOC)
     assert items(await client.text_document_inline_completion_async(inline_params(end_of(DOC)))) == []
@@ -77,10 +77,10 @@ async def test_model_that_fails_to_load_shows_a_message_and_answers_empty(client
 
 
 async def test_configuration_change_reloads_the_model(client: LanguageClient):
-    await initialize(client, init_options=options(fake_text="first"))
+    await initialize(client, init_options=options(options={"text": "first"}))
     open_doc(client, DOC)
     first = items(await client.text_document_inline_completion_async(inline_params(end_of(DOC))))
-    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings=options(fake_text="second")))
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings=options(options={"text": "second"})))
     await wait_for(client, lambda s: s["engine"]["state"] == "ready")
     second = items(await client.text_document_inline_completion_async(inline_params(end_of(DOC))))
     assert [i.insert_text for i in first + second] == ["first", "second"]

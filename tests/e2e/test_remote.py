@@ -35,7 +35,7 @@ async def test_inline_completion_from_a_remote_server(client: LanguageClient, ba
 
 async def test_a_failing_remote_falls_back_to_the_local_model(client: LanguageClient, backend: SSEServer):
     backend.mode = "error500"
-    options = remote_options(backend, target="fake", fake_text="local answer", remote={"fallback": "local"})
+    options = remote_options(backend, target="fake", options={"text": "local answer"}, remote={"fallback": "local"})
     await initialize(client, init_options=options)
     open_doc(client, DOC)
     found = items(await client.text_document_inline_completion_async(inline_params(end_of(DOC))))

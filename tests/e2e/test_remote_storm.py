@@ -54,7 +54,7 @@ def test_a_server_that_writes_a_lot_to_stderr_does_not_hang_the_bench(tmp_path: 
     tasks = storm_tasks(tmp_path, 10)[:1]
     noisy = ("import runpy, sys; sys.stderr.write(('x' * 99 + '\\n') * 3000); sys.stderr.flush(); "
              "sys.argv = ['draftline', 'serve']; runpy.run_module('lsp_server', run_name='__main__')")
-    settings = {"model": {"target": "fake", "fake_step_s": 0.001}, "index": {"enabled": False}}
+    settings = {"model": {"target": "fake", "options": {"step_s": 0.001}}, "index": {"enabled": False}}
     run = asyncio.run(asyncio.wait_for(run_bench(tmp_path, tasks, keys_per_s=60, settings=settings, pause_s=10,
                                                  server=[sys.executable, "-c", noisy]), 60))
     assert run.server_alive and len(run.samples) == len(tasks[0].text.strip()) + 1

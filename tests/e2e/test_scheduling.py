@@ -30,7 +30,7 @@ def count_responses(client: LanguageClient) -> collections.Counter:
 
 
 async def test_keystroke_storm_answers_each_request_once_and_never_stale(client: LanguageClient):
-    await initialize(client, init_options=options(fake_step_s=0.0005, completion={"debounce_ms": 2}))
+    await initialize(client, init_options=options(options={"step_s": 0.0005}, completion={"debounce_ms": 2}))
     seen = count_responses(client)
     rng = random.Random(7)
     text, version = "x = start", 1
@@ -72,7 +72,7 @@ async def test_keystroke_storm_answers_each_request_once_and_never_stale(client:
 
 
 async def test_cancel_request_stops_the_generation(client: LanguageClient):
-    await initialize(client, init_options=options(fake_step_s=0.2))
+    await initialize(client, init_options=options(options={"step_s": 0.2}))
     text = "value = some_long_identifier_name"
     open_doc(client, text)
     fut = asyncio.ensure_future(
@@ -90,7 +90,7 @@ async def test_cancel_request_stops_the_generation(client: LanguageClient):
 
 
 async def test_edit_cancels_the_running_generation(client: LanguageClient):
-    await initialize(client, init_options=options(fake_step_s=0.2))
+    await initialize(client, init_options=options(options={"step_s": 0.2}))
     text = "value = some_long_identifier_name"
     open_doc(client, text)
     fut = asyncio.ensure_future(client.text_document_inline_completion_async(inline_params(end_of(text))))

@@ -2,7 +2,7 @@
 (add-to-list 'load-path (expand-file-name "editors/emacs" (getenv "REPO")))
 (require 'eglot) (require 'draftline)
 (setq draftline-command (list (getenv "DRAFTLINE_PY") "-m" "lsp_server" "serve")
-      draftline-settings '(:model (:target "fake" :fake_text "return a + b") :completion (:debounce_ms 0) :index (:enabled :json-false)))
+      draftline-settings '(:model (:target "fake" :options (:text "return a + b")) :completion (:debounce_ms 0) :index (:enabled :json-false)))
 (setq eglot-server-programs (list (cons draftline-modes (append (list 'draftline-eglot-server) draftline-command))))
 (find-file (getenv "FILE")) (python-mode)
 (apply #'eglot (eglot--guess-contact))

@@ -5,7 +5,7 @@ vim.opt.rtp:prepend(os.getenv("REPO") .. "/editors/nvim")
 vim.cmd("filetype on")
 require("draftline").setup({
   cmd = { os.getenv("DRAFTLINE_PY"), "-m", "lsp_server", "serve" },
-  settings = { model = { target = "fake", fake_text = "return a + b" }, completion = { debounce_ms = 0 }, index = { enabled = false } },
+  settings = { model = { target = "fake", options = { text = "return a + b" } }, completion = { debounce_ms = 0 }, index = { enabled = false } },
 })
 vim.cmd("edit " .. os.getenv("FILE"))
 local ok = vim.wait(30000, function()

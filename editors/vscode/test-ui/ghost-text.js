@@ -71,7 +71,7 @@ async function main() {
       'draftline.completion.debounceMs': 0,
       'draftline.index.enabled': false,
       'draftline.status.pollMs': 250,
-      'draftline.serverSettings': { model: { fake_text: 'return a + b' } },
+      'draftline.serverSettings': { model: { options: { text: 'return a + b' } } },
     }),
   );
   const childEnv = { ...process.env, XDG_CONFIG_HOME: path.join(tmp, 'xdg'), XDG_DATA_HOME: path.join(tmp, 'xdg-data') };

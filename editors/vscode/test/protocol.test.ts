@@ -70,7 +70,7 @@ const USER = {
   'completion.debounceMs': 0,
   'completion.mode': 'multi',
   'index.enabled': false,
-  serverSettings: { model: { fake_text: 'return a + b' } },
+  serverSettings: { model: { options: { text: 'return a + b' } } },
 };
 
 describe('draftline serve over vscode-jsonrpc', { skip: cmd ? false : 'no draftline executable (set DRAFTLINE_CMD or DRAFTLINE_PY to a venv with draftline)' }, () => {
@@ -175,7 +175,7 @@ describe('draftline serve over vscode-jsonrpc', { skip: cmd ? false : 'no draftl
   });
 
   test('didChangeConfiguration with the mapped settings switches the engine', async () => {
-    const changed = settings({ ...USER, serverSettings: { model: { fake_text: 'return b + a' } } });
+    const changed = settings({ ...USER, serverSettings: { model: { options: { text: 'return b + a' } } } });
     await server.connection.sendNotification(DidChangeConfigurationNotification.type, didChangeConfigurationParams(changed));
     await until(status, (s) => s.engine?.state === 'ready' && s.requests === 1);
     await server.connection.sendNotification(DidChangeTextDocumentNotification.type, {
@@ -187,7 +187,7 @@ describe('draftline serve over vscode-jsonrpc', { skip: cmd ? false : 'no draftl
   });
 
   test('$/cancelRequest (a CancellationToken) answers RequestCancelled', async () => {
-    const slow = settings({ ...USER, serverSettings: { model: { fake_text: 'abcdefghijklmnop', fake_step_s: 0.25 } } });
+    const slow = settings({ ...USER, serverSettings: { model: { options: { text: 'abcdefghijklmnop', step_s: 0.25 } } } });
     await server.connection.sendNotification(DidChangeConfigurationNotification.type, didChangeConfigurationParams(slow));
     await until(status, (s) => s.engine?.state === 'ready' && s.requests === 2);
     const source = new CancellationTokenSource();

@@ -76,11 +76,11 @@ describe('toServerOptions', () => {
       settings({
         'model.target': 'fake',
         'completion.debounceMs': 0,
-        serverSettings: { model: { target: 'ignored', fake_text: 'x' }, completion: { suffix_chars: 800, debounce_ms: 99 } },
+        serverSettings: { model: { target: 'ignored', options: { text: 'x' } }, completion: { suffix_chars: 800, debounce_ms: 99 } },
       }),
     );
     assert.deepEqual(options, {
-      draftline: { model: { target: 'fake', fake_text: 'x' }, completion: { suffix_chars: 800, debounce_ms: 0 } },
+      draftline: { model: { target: 'fake', options: { text: 'x' } }, completion: { suffix_chars: 800, debounce_ms: 0 } },
     });
   });
 
@@ -104,10 +104,10 @@ describe('toServerOptions', () => {
     const s = settings({
       'model.target': 'fake',
       'model.options': proxied({ dtype: 'float32' }),
-      serverSettings: proxied({ model: proxied({ fake_text: 'x' }), completion: { suffix_chars: 800 } }),
+      serverSettings: proxied({ model: proxied({ draft: 'x' }), completion: { suffix_chars: 800 } }),
     });
     assert.deepEqual(toServerOptions(s), {
-      draftline: { model: { fake_text: 'x', target: 'fake', options: { dtype: 'float32' } }, completion: { suffix_chars: 800 } },
+      draftline: { model: { draft: 'x', target: 'fake', options: { dtype: 'float32' } }, completion: { suffix_chars: 800 } },
     });
   });
 
@@ -131,7 +131,7 @@ describe('toServerOptions', () => {
         'completion.maxTokens': 7,
         'completion.maxLinesMulti': 3,
         'index.enabled': false,
-        serverSettings: { model: { fake_text: 'hi' } },
+        serverSettings: { model: { options: { text: 'hi' } } },
       }),
     );
     const script = [
@@ -148,7 +148,7 @@ describe('toServerOptions', () => {
     const cfg = JSON.parse(run.stdout);
     assert.equal(cfg.model.target, 'fake');
     assert.equal(cfg.model.draft, 'd');
-    assert.equal(cfg.model.fake_text, 'hi');
+    assert.deepEqual(cfg.model.options, { text: 'hi' });
     assert.equal(cfg.completion.mode, 'single');
     assert.equal(cfg.completion.debounce_ms, 5);
     assert.equal(cfg.completion.max_tokens, 7);

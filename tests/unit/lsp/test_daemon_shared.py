@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from lsp_server import daemon
-from lsp_server.config import IndexConfig, ModelConfig
+from lsp_server.config import IndexSettings, ModelConfig
 
 
 class FakeIndex:
@@ -20,15 +20,15 @@ def test_sessions_on_the_same_roots_share_one_index(monkeypatch, tmp_path):
     opened = []
     monkeypatch.setattr(daemon, "open_index", lambda roots, cfg: opened.append(roots) or FakeIndex(roots))
     reg = daemon.IndexRegistry()
-    first = reg.acquire([tmp_path], IndexConfig())
-    second = reg.acquire([tmp_path], IndexConfig())
-    other = reg.acquire([tmp_path / "x"], IndexConfig())
+    first = reg.acquire([tmp_path], IndexSettings())
+    second = reg.acquire([tmp_path], IndexSettings())
+    other = reg.acquire([tmp_path / "x"], IndexSettings())
     assert first is second and other is not first and len(opened) == 2
     reg.release(first)
     assert not first.closed  # the other session still uses it
     reg.release(second)
     assert first.closed and not other.closed
-    assert reg.acquire([tmp_path], IndexConfig()) is not first  # reopened for a new user
+    assert reg.acquire([tmp_path], IndexSettings()) is not first  # reopened for a new user
 
 
 def test_one_engine_per_model_loaded_once_on_the_engine_thread(monkeypatch):
@@ -37,9 +37,9 @@ def test_one_engine_per_model_loaded_once_on_the_engine_thread(monkeypatch):
     shared = daemon.Shared()
 
     async def run():
-        a = ModelConfig(target="fake", fake_text="a")
-        e1, e2 = await asyncio.gather(shared.engine(a), shared.engine(ModelConfig(target="fake", fake_text="a")))
-        e3 = await shared.engine(ModelConfig(target="fake", fake_text="b"))
+        a = ModelConfig(target="fake", options={"text": "a"})
+        e1, e2 = await asyncio.gather(shared.engine(a), shared.engine(ModelConfig(target="fake", options={"text": "a"})))
+        e3 = await shared.engine(ModelConfig(target="fake", options={"text": "b"}))
         return e1, e2, e3
 
     try:

@@ -27,11 +27,11 @@ def test_a_change_reported_by_both_watchers_passes_once(tmp_path):
 
 
 def test_only_index_changes_that_need_it_reopen_the_index():
-    from lsp_server.config import IndexConfig
+    from lsp_server.config import IndexSettings
     from lsp_server.server import _index_needs_rebuild
 
-    base = IndexConfig()
-    assert not _index_needs_rebuild(base, IndexConfig(overlay_delay_ms=10))  # read where it is used
-    assert _index_needs_rebuild(base, IndexConfig(enabled=False))
-    assert _index_needs_rebuild(base, IndexConfig(options={"embedder": "none"}))
-    assert not _index_needs_rebuild(base, IndexConfig())
+    base = IndexSettings()
+    assert not _index_needs_rebuild(base, IndexSettings(overlay_delay_ms=10))  # read where it is used
+    assert _index_needs_rebuild(base, IndexSettings(enabled=False))
+    assert _index_needs_rebuild(base, IndexSettings(options={"embedder": "none"}))
+    assert not _index_needs_rebuild(base, IndexSettings())
