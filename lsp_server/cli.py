@@ -3,45 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import logging
 import sys
 from pathlib import Path
 
 
-def _bench_engine(args: argparse.Namespace) -> int:
-    from engine.bench.engine import run_bench_engine
-
-    return run_bench_engine(args)
-
-
-def _bench_peers(args: argparse.Namespace) -> int:
-    from engine.bench.peers import run_bench_peers
-
-    return run_bench_peers(args)
-
-
-def _bench_model(args: argparse.Namespace) -> int:
-    from engine.bench.model import run_bench_model
-
-    return run_bench_model(args)
+# draftline bench NAME -> (module with add_arguments(parser) and run_bench_NAME(args), help); torch and the models
+# load when a bench runs, not when the command line is parsed
+BENCHES = {
+    "engine": ("engine.bench.engine", "speculative decoding vs plain greedy and transformers"),
+    "peers": ("engine.bench.peers", "llama.cpp (optional extra) vs draftline on the same weights, interleaved"),
+    "model": ("engine.bench.model", "held-out loss by context position, draft agreement, exact-match completions"),
+    "routing": ("engine.bench.routing", "line model, block model and the router between them: latency, quality"),
+    "selfdraft": ("engine.bench.selfdraft", "self-speculation (the target's first layers as the draft) vs plain and n-gram"),
+    "llama-server": ("engine.bench.llama_server", "draftline's default path vs llama.cpp's llama-server on the same GGUF"),
+    "scenarios": ("lsp_server.bench.scenarios", "single-line / function / refactor tasks per mode, plots and table"),
+    "context": ("lsp_server.bench.context", "is the needed definition in the prompt at a first use, and does it help"),
+    "lsp": ("lsp_server.bench.lsp", "retype real lines through a real LSP client: latency, cancels, staleness"),
+}
 
 
-def _bench_llama_server(args: argparse.Namespace) -> int:
-    from engine.bench.llama_server import run_bench_llama_server
-
-    return run_bench_llama_server(args)
-
-
-def _bench_selfdraft(args: argparse.Namespace) -> int:
-    from engine.bench.selfdraft import run_bench_selfdraft
-
-    return run_bench_selfdraft(args)
-
-
-def _bench_routing(args: argparse.Namespace) -> int:
-    from engine.bench.routing import run_bench_routing
-
-    return run_bench_routing(args)
+def _run_bench(module: str, name: str, args: argparse.Namespace) -> int:
+    return getattr(importlib.import_module(module), "run_bench_" + name.replace("-", "_"))(args)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -54,24 +39,6 @@ def _complete(args: argparse.Namespace) -> int:
     from lsp_server.complete_cli import run_complete
 
     return run_complete(args)
-
-
-def _bench_lsp(args: argparse.Namespace) -> int:
-    from lsp_server.bench.lsp import run_bench_lsp
-
-    return run_bench_lsp(args)
-
-
-def _bench_context(args: argparse.Namespace) -> int:
-    from lsp_server.bench.context import run_bench_context
-
-    return run_bench_context(args)
-
-
-def _bench_scenarios(args: argparse.Namespace) -> int:
-    from lsp_server.bench.scenarios import run_bench_scenarios
-
-    return run_bench_scenarios(args)
 
 
 def _indexer(command: str, args: argparse.Namespace) -> int:
@@ -161,51 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="benchmarks (each prints the numbers the README quotes)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")
-    from engine.bench.engine import add_arguments as add_bench_engine_arguments
-
-    be = bench_sub.add_parser("engine", help="speculative decoding vs plain greedy and transformers")
-    add_bench_engine_arguments(be)
-    be.set_defaults(func=_bench_engine)
-    from engine.bench.peers import add_arguments as add_bench_peers_arguments
-
-    bp = bench_sub.add_parser("peers", help="llama.cpp (optional extra) vs draftline on the same weights, interleaved")
-    add_bench_peers_arguments(bp)
-    bp.set_defaults(func=_bench_peers)
-    from engine.bench.model import add_arguments as add_bench_model_arguments
-
-    bm = bench_sub.add_parser("model", help="held-out loss by context position, draft agreement, exact-match completions")
-    add_bench_model_arguments(bm)
-    bm.set_defaults(func=_bench_model)
-    from engine.bench.routing import add_arguments as add_bench_routing_arguments
-
-    bro = bench_sub.add_parser("routing", help="line model, block model and the router between them: latency, quality")
-    add_bench_routing_arguments(bro)
-    bro.set_defaults(func=_bench_routing)
-    from engine.bench.selfdraft import add_arguments as add_bench_selfdraft_arguments
-
-    bsd = bench_sub.add_parser("selfdraft", help="self-speculation (the target's first layers as the draft) vs plain and n-gram")
-    add_bench_selfdraft_arguments(bsd)
-    bsd.set_defaults(func=_bench_selfdraft)
-    from engine.bench.llama_server import add_arguments as add_bench_llama_server_arguments
-
-    bls = bench_sub.add_parser("llama-server", help="draftline's default path vs llama.cpp's llama-server on the same GGUF")
-    add_bench_llama_server_arguments(bls)
-    bls.set_defaults(func=_bench_llama_server)
-    from lsp_server.bench.scenarios import add_arguments as add_bench_scenarios_arguments
-
-    bs = bench_sub.add_parser("scenarios", help="single-line / function / refactor tasks per mode, plots and table")
-    add_bench_scenarios_arguments(bs)
-    bs.set_defaults(func=_bench_scenarios)
-    from lsp_server.bench.context import add_arguments as add_bench_context_arguments
-
-    bc = bench_sub.add_parser("context", help="is the needed definition in the prompt at a first use, and does it help")
-    add_bench_context_arguments(bc)
-    bc.set_defaults(func=_bench_context)
-    from lsp_server.bench.lsp import add_arguments as add_bench_lsp_arguments
-
-    bl = bench_sub.add_parser("lsp", help="retype real lines through a real LSP client: latency, cancels, staleness")
-    add_bench_lsp_arguments(bl)
-    bl.set_defaults(func=_bench_lsp)
+    for name, (module, help_text) in BENCHES.items():
+        sub_parser = bench_sub.add_parser(name, help=help_text)
+        importlib.import_module(module).add_arguments(sub_parser)
+        sub_parser.set_defaults(func=functools.partial(_run_bench, module, name))
     bi = bench_sub.add_parser("index", help="full index time, update and query latency, peak RSS")
     icli.add_bench_index_arguments(bi)
     bi.set_defaults(func=lambda a: _indexer("bench-index", a))
