@@ -285,7 +285,7 @@ SCHEDULES = ("fixed", "adaptive", "ast", "grow")
 # similarity 0.66 / 0.64 / 0.65 on 50 completions). GPUs take the full 4k window.
 CPU_PROMPT_TOKENS = 512
 GPU_PROMPT_TOKENS = 4096
-QUANTS = ("auto", "none", "int8")
+QUANTS = ("auto", "none", "int8", "int4")
 LEAN_GGUF_ARCHITECTURES = ("llama", "qwen2")  # llama.cpp's names for what engine.lean runs
 
 
@@ -343,7 +343,7 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     quantized_source = gguf_file is not None and gguf_architecture(gguf_file) in LEAN_GGUF_ARCHITECTURES
     if quant == "auto":
         quant = "int8" if quantized_source and dtype in ("auto", "bfloat16") else "none"
-    if quant == "int8" and dtype == "auto":
+    if quant in ("int8", "int4") and dtype == "auto":
         dtype = "bfloat16"
     config = dataclasses.replace(config, quant=quant)
     if prompt_tokens or config.budget.total == PromptBudget().total:  # a caller's own budget stays

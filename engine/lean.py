@@ -9,7 +9,9 @@ small models draftline runs here that overhead is most of a step.
 On the CPU, `quant="int8"` (bf16 models) keeps int8 per-row copies of the linears for forwards of up
 to INT8_MAX_ROWS tokens (decode, verify), and those forwards attend one query token at a time in
 float32: every row of a verify forward is then the very computation of a decode step, bit for bit,
-which keeps greedy speculation identical to plain decoding.
+which keeps greedy speculation identical to plain decoding. `quant="int4"` does the same with int4
+copies (a scale and a zero per 32 inputs, llama.cpp's Q4_1 grid) of all linears but the head,
+which stays int8.
 """
 
 from __future__ import annotations
@@ -30,30 +32,39 @@ from engine.model import prefill_reusing
 log = logging.getLogger(__name__)
 
 SUPPORTED = ("llama", "qwen2")
-QUANTS = ("none", "int8")
+QUANTS = ("none", "int8", "int4")
+ALIGN = 64  # bytes: where the int8/int4 kernels' operands must start (see _load_packed)
+INT4_GROUP = 32  # weights per (scale, zero) pair: llama.cpp's Q4_0/Q4_1 block
 # Forwards of at most this many tokens (decode, verify, a keystroke's few new tokens) use the int8
 # weights; longer ones (prefill chunks) use the dense weights. int8 weight-only GEMV reads a quarter
 # of float32's bytes (a SmolLM2-135M decode step is memory-bound), but its kernel's cost grows with
 # the rows, while a dense bf16 GEMM of 256 rows is ~3x faster than int8's.
 INT8_MAX_ROWS = 32
-INT8_CACHE_VERSION = 1  # bump when Linear's int8 recipe changes
+QUANT_CACHE_VERSION = 1  # bump when Linear's int8 or int4 recipe changes
 
 
 class Linear:
-    """y = x W^T (+ b) with dense weights, and optionally int8 per-row weights for short inputs.
+    """y = x W^T (+ b) with dense weights, and optionally int8 or int4 weights for short inputs.
 
-    torch's `_weight_int8pack_mm` (CPU, bf16 activations) gives each row the same bits whether it
-    runs alone or with up to INT8_MAX_ROWS others (checked by the tests), so a verify forward's
-    rows equal the decode steps of plain greedy and speculation stays lossless.
+    torch's `_weight_int8pack_mm` (per-row scales) and `_weight_int4pack_mm_for_cpu` (a scale and a
+    zero per INT4_GROUP inputs), both CPU kernels with bf16 activations, give each row the same
+    bits whether it runs alone or with up to INT8_MAX_ROWS others (checked by the tests), so a
+    verify forward's rows equal the decode steps of plain greedy and speculation stays lossless.
+    A matrix the int4 kernel cannot take (K not a multiple of INT4_GROUP, N not of 16) stays int8.
     """
 
-    __slots__ = ("w", "b", "q", "s")
+    __slots__ = ("w", "b", "q", "s", "int4")
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, quant: str = "none",
                  packed: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.w, self.b, self.q, self.s = w, b, None, None
-        if quant == "int8" and packed is not None:
+        if quant == "int4" and not int4_fits(w):
+            quant = "int8"
+        self.int4 = quant == "int4"
+        if quant in ("int8", "int4") and packed is not None:
             self.q, self.s = packed
+        elif quant == "int4":
+            self.q, self.s = _int4_pack(w)
         elif quant == "int8":
             scale = w.float().abs().amax(1).clamp_min(1e-12) / 127.0  # (N,)
             self.q = torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()  # (N, K)
@@ -61,9 +72,30 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.q is not None and x.shape[0] <= INT8_MAX_ROWS:
-            y = torch._weight_int8pack_mm(x, self.q, self.s)
+            if self.int4:
+                y = torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.q, INT4_GROUP, self.s)
+            else:
+                y = torch._weight_int8pack_mm(x, self.q, self.s)
             return y + self.b if self.b is not None else y
         return torch.nn.functional.linear(x, self.w, self.b)
+
+
+def int4_fits(w: torch.Tensor) -> bool:
+    """Can the CPU int4 kernel take this (N, K) weight? It walks N in blocks of 16/32/48/64 and K in groups."""
+    n, k = w.shape
+    return k % INT4_GROUP == 0 and n % 16 == 0
+
+
+def _int4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 per group of INT4_GROUP input weights: (packed uint8, scale/zero (K/G, N, 2))."""
+    n, k = w.shape
+    g = w.float().reshape(n, k // INT4_GROUP, INT4_GROUP)
+    lo, hi = g.amin(-1), g.amax(-1)
+    scale = ((hi - lo) / 15).clamp_min(1e-12)
+    q = torch.round((g - lo[..., None]) / scale[..., None]).clamp_(0, 15).to(torch.int32).reshape(n, k)
+    zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
+    sz = torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(w.dtype)
+    return torch._convert_weight_to_int4pack_for_cpu(q.contiguous(), 1), sz
 
 
 def supports(model: Any) -> str | None:
@@ -96,13 +128,18 @@ class Weights:
     """A model as the lean decoder reads it: a config and tensors by their Hugging Face names.
 
     Either a loaded transformers model's, or a directory's safetensors read directly
-    (`from_dir`), which a start needs when transformers is not imported at all. `int8_cache`: where
-    the int8 copies of the linears are kept between starts (computing them took ~1-2 s for
-    SmolLM2-135M on this CPU, reading them back ~0.05 s).
+    (`from_dir`), which a start needs when transformers is not imported at all. `quant_cache`: the
+    stem of the files where the int8/int4 copies of the linears are kept between starts (computing
+    them took ~1-2 s for SmolLM2-135M on this CPU, reading them back ~0.05 s).
     """
 
-    def __init__(self, config: Any, tensors: Mapping[str, torch.Tensor], int8_cache: Path | None = None):
-        self.config, self.tensors, self.int8_cache = config, tensors, int8_cache
+    def __init__(self, config: Any, tensors: Mapping[str, torch.Tensor], quant_cache: Path | None = None):
+        self.config, self.tensors, self.quant_cache = config, tensors, quant_cache
+
+    def cache_file(self, quant: str) -> Path | None:
+        """Where the `quant` copies of this model's linears are kept (None: not kept)."""
+        stem = self.quant_cache
+        return None if stem is None else stem.with_name(f"{stem.name}-{quant}.safetensors")
 
     @classmethod
     def from_model(cls, model: Any) -> Weights:
@@ -121,10 +158,10 @@ class Weights:
         for f in files:
             tensors.update((k, v.to(device, dtype)) for k, v in load_file(f).items())
         stamp = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-        key = hashlib.sha256(f"{stamp}|{dtype}|v{INT8_CACHE_VERSION}".encode()).hexdigest()[:24]
+        key = hashlib.sha256(f"{stamp}|{dtype}|v{QUANT_CACHE_VERSION}".encode()).hexdigest()[:24]
         from engine.gguf import cache_root
 
-        return cls(Config.read(directory), tensors, cache_root() / "lean" / f"{key}-int8.safetensors")
+        return cls(Config.read(directory), tensors, cache_root() / "lean" / key)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name == "lm_head.weight" and name not in self.tensors:  # tied to the embeddings
@@ -135,19 +172,23 @@ class Weights:
         return self.tensors.get(name)
 
 
-def _load_int8(path: Path | None) -> dict[str, torch.Tensor]:
+def _load_packed(path: Path | None) -> dict[str, torch.Tensor]:
     if path is None or not path.is_file():
         return {}
     from safetensors.torch import load_file
 
     try:
-        return load_file(path)
+        tensors = load_file(path)
     except Exception as exc:  # a damaged cache costs one recomputation, never a start
-        log.warning("ignoring the int8 cache %s: %s", path, exc)
+        log.warning("ignoring the quantized-weights cache %s: %s", path, exc)
         return {}
+    # safetensors places data right after its header, so these tensors start 8 bytes off a 16-byte
+    # boundary, and torch's int8/int4 CPU kernels use aligned vector loads: SmolLM2's head, read so,
+    # died with SIGSEGV on a `vmovdqa` (2026-12-05). Copies are 64-byte aligned (torch's allocator).
+    return {k: v if v.data_ptr() % ALIGN == 0 else v.clone() for k, v in tensors.items()}
 
 
-def _save_int8(path: Path, linears: Mapping[str, "Linear"]) -> None:
+def _save_packed(path: Path, linears: Mapping[str, "Linear"]) -> None:
     from safetensors.torch import save_file
 
     tensors = {}
@@ -159,7 +200,7 @@ def _save_int8(path: Path, linears: Mapping[str, "Linear"]) -> None:
         save_file(tensors, tmp)
         tmp.replace(path)
     except OSError as exc:  # a read-only cache costs the quantization next start
-        log.warning("could not keep the int8 weights in %s: %s", path, exc)
+        log.warning("could not keep the quantized weights in %s: %s", path, exc)
 
 
 def _rope_theta(cfg) -> float:
@@ -189,8 +230,8 @@ class LeanLM:
         dtype = source["model.embed_tokens.weight"].dtype
         if quant not in QUANTS:
             raise ValueError(f"quant must be one of {', '.join(QUANTS)}, not {quant!r}")
-        if quant == "int8" and (torch.device(device).type != "cpu" or dtype != torch.bfloat16):
-            raise ValueError("quant='int8' runs on the CPU with bfloat16 activations (dtype='bfloat16')")
+        if quant != "none" and (torch.device(device).type != "cpu" or dtype != torch.bfloat16):
+            raise ValueError(f"quant={quant!r} runs on the CPU with bfloat16 activations (dtype='bfloat16')")
         self.quant = quant
         self.device, self.vocab_limit, self.max_len = device, vocab_limit, max_len
         self.capacity = max_len
@@ -209,12 +250,14 @@ class LeanLM:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.scale = 1.0 / float(self.head_dim) ** 0.5
         self.eps = cfg.rms_norm_eps
-        packed = _load_int8(source.int8_cache) if quant == "int8" else {}
+        cache = source.cache_file(quant) if quant != "none" else None
+        packed = _load_packed(cache)
         linears: dict[str, Linear] = {}
 
         def linear(name: str, w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
             pair = (packed[f"{name}.q"], packed[f"{name}.s"]) if f"{name}.q" in packed else None
-            linears[name] = Linear(w, b, quant, pair)
+            # the head stays int8 under int4: its rows are the logits greedy decoding compares
+            linears[name] = Linear(w, b, "int8" if quant == "int4" and name == "lm_head" else quant, pair)
             return linears[name]
 
         self.embed = source["model.embed_tokens.weight"]
@@ -236,19 +279,28 @@ class LeanLM:
                 linear(f"{i}.gate_up", torch.cat([source[m + "gate_proj.weight"], source[m + "up_proj.weight"]])),
                 linear(f"{i}.down", source[m + "down_proj.weight"]),
             ))
-        if quant == "int8" and source.int8_cache is not None and not packed:
-            _save_int8(source.int8_cache, linears)
+        if cache is not None and not packed:
+            _save_packed(cache, linears)
         self.ffn = source["model.layers.0.mlp.gate_proj.weight"].shape[0]
         inv = 1.0 / (_rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)  # (L, D/2)
         emb = torch.cat([angles, angles], -1)
-        self.cos, self.sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)  # (L, D)
+        # sin with its first half negated: rotate-half(x) * sin is then roll(x, D/2) * sin, one op fewer
+        # than splitting and concatenating, with the same bits
+        sin = emb.sin()
+        sin[:, : self.head_dim // 2].neg_()
+        self.cos, self.sin = emb.cos().to(device, dtype), sin.to(device, dtype)  # (L, D)
         shape = (len(self.layers), 2, self.n_kv, max_len, self.head_dim)
         # On CPU attention runs in float32 (a one-query bf16 q @ K^T over 1,000 keys took 104 us here,
         # float32 37 us), so the cache holds float32 there.
         kv_dtype = torch.float32 if self.manual_attention else dtype
-        self.kv = torch.zeros(shape, dtype=kv_dtype, device=device)  # (layers, k|v, KVH, L, D)
+        self.set_cache(torch.zeros(shape, dtype=kv_dtype, device=device))
         self.model = model
+
+    def set_cache(self, kv: torch.Tensor) -> None:
+        """Use `kv` (layers, k|v, KVH, L, D) as the KV cache, with its per-layer views made once."""
+        self.kv = kv
+        self._kv_views = [(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])]  # (KVH, L, D) each
 
     def reset(self) -> None:
         self.tokens = []
@@ -265,9 +317,8 @@ class LeanLM:
         return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * w
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = self.head_dim // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], -1)
-        return x * cos + rot * sin
+        """RoPE: x * cos + rotate_half(x) * sin, with `sin` as self.sin holds it (first half negated)."""
+        return x * cos + x.roll(self.head_dim // 2, -1) * sin
 
     @torch.inference_mode()
     def forward(self, new_tokens: Sequence[int], keep_logits: int | None = None) -> torch.Tensor:
@@ -315,16 +366,19 @@ class LeanLM:
         if mask is not None and self.manual_attention:
             bias = torch.zeros(t, end, dtype=self.kv.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
             bias = bias.repeat(group, 1)  # rows: the heads sharing a KV head, each with its T queries
+        # decode runs ~60 small ops a layer, each a few microseconds of dispatch on the CPU (about as
+        # long as the layer's int4 matmuls): q and k rotate together, the cache views are made once
         for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
             qkv = wqkv(self._rms(x, ln1, self.eps))  # (T, (H + 2 KVH) D)
-            q, k, v = qkv.split([h * d, kvh * d, kvh * d], -1)
-            q = self._rotate(q.view(t, h, d).transpose(0, 1), cos, sin)  # (H, T, D)
-            k = self._rotate(k.view(t, kvh, d).transpose(0, 1), cos, sin)  # (KVH, T, D)
-            cache = self.kv[li]
-            cache[0, :, start:end] = k
-            cache[1, :, start:end] = v.view(t, kvh, d).transpose(0, 1)
-            keys, values = cache[0, :, :end], cache[1, :, :end]  # (KVH, L, D)
-            if per_token:
+            qk = self._rotate(qkv[:, : (h + kvh) * d].view(t, h + kvh, d).transpose(0, 1), cos, sin)  # (H + KVH, T, D)
+            q, k = qk[:h], qk[h:]
+            cache_k, cache_v = self._kv_views[li]
+            cache_k[:, start:end] = k
+            cache_v[:, start:end] = qkv[:, (h + kvh) * d :].view(t, kvh, d).transpose(0, 1)
+            keys, values = cache_k[:, :end], cache_v[:, :end]  # (KVH, L, D)
+            if per_token and t == 1:
+                att = self._attend_one(q.float(), keys, values).to(x.dtype)  # (H, D)
+            elif per_token:
                 qf = q.float()
                 att = torch.stack([self._attend_one(qf[:, i], keys[:, : start + i + 1], values[:, : start + i + 1])
                                    for i in range(t)], 1).to(x.dtype)  # (H, T, D)

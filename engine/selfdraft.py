@@ -89,7 +89,7 @@ class SelfDraftLM(LeanLM):
         vars(self).update(vars(target))
         self.target = target
         self.layers = target.layers[:layers]
-        self.kv = torch.zeros_like(target.kv[:layers])  # (layers, k|v, KVH, L, D), the target's dtype and length
+        self.set_cache(torch.zeros_like(target.kv[:layers]))  # (layers, k|v, KVH, L, D), the target's dtype and length
         self.tokens, self.forwards, self._tree = [], 0, None
         self.head_ids: torch.Tensor | None = None
         if head_ids is not None:

@@ -77,39 +77,53 @@ def _bf16(model):
     return model.to(torch.bfloat16)
 
 
-def test_int8_rows_have_the_same_bits_alone_or_together():
-    """What keeps int8 speculation lossless: a verify forward's row equals that row decoded alone."""
+@pytest.mark.parametrize("quant,tolerance", [("int8", 0.05), ("int4", 0.2)])
+def test_quantized_rows_have_the_same_bits_alone_or_together(quant, tolerance):
+    """What keeps int8/int4 speculation lossless: a verify forward's row equals that row decoded alone."""
     from engine.lean import INT8_MAX_ROWS, Linear
 
     torch.manual_seed(0)
-    lin = Linear(torch.randn(96, 64, dtype=torch.bfloat16), quant="int8")
+    lin = Linear(torch.randn(96, 64, dtype=torch.bfloat16), quant=quant)
+    assert lin.int4 == (quant == "int4")
     x = torch.randn(INT8_MAX_ROWS, 64, dtype=torch.bfloat16)
     together = lin(x)
     assert all(torch.equal(together[i], lin(x[i : i + 1])[0]) for i in range(INT8_MAX_ROWS))
     dense = torch.nn.functional.linear(x.float(), lin.w.float())
-    assert (together.float() - dense).abs().max() < 0.05 * dense.abs().max()  # int8 is close to the dense weights
+    assert (together.float() - dense).abs().max() < tolerance * dense.abs().max()  # close to the dense weights
     long = torch.randn(INT8_MAX_ROWS + 1, 64, dtype=torch.bfloat16)
     assert torch.equal(lin(long), torch.nn.functional.linear(long, lin.w))  # prefill chunks use the dense weights
 
 
+def test_int4_leaves_what_its_kernel_cannot_take_to_int8():
+    from engine.lean import Linear
+
+    odd = Linear(torch.randn(40, 48, dtype=torch.bfloat16), quant="int4")  # K not a multiple of 32
+    assert not odd.int4 and odd.q.dtype == torch.int8
+    x = torch.randn(3, 48, dtype=torch.bfloat16)
+    assert torch.equal(odd(x), torch._weight_int8pack_mm(x, odd.q, odd.s))
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-def test_int8_speculation_equals_int8_plain_greedy(family):
+def test_quantized_speculation_equals_plain_greedy_of_the_same_weights(family, quant):
     model = _bf16(tiny_model(family, seed=5, hidden=64))
     draft = _bf16(tiny_model("llama", seed=6, layers=1, hidden=32))
     prompt = [4, 9, 2, 33, 4, 9, 2, 17, 60, 61] * 4
 
     def run(drafter, gamma=4):
-        lm = LeanLM(model, CPU, max_len=256, quant="int8")
+        lm = LeanLM(model, CPU, max_len=256, quant=quant)
         return generate(lm, prompt, drafter, max_new_tokens=40, cancel=threading.Event(), gamma=FixedGamma(gamma))[0]
 
     plain = run(None)
-    for drafter in (NgramDrafter(), ModelDrafter(LeanLM(draft, CPU, max_len=256, quant="int8"))):
+    for drafter in (NgramDrafter(), ModelDrafter(LeanLM(draft, CPU, max_len=256, quant=quant))):
         for gamma in (1, 4, 16):
             assert run(drafter, gamma) == plain
-    dense = LeanLM(model, CPU, max_len=256)  # int8 changes the weights a little, not the model
-    quant = LeanLM(model, CPU, max_len=256, quant="int8")
-    a, b = dense.forward(prompt[:8]), quant.forward(prompt[:8])
-    assert torch.allclose(a, b, atol=0.1 * a.abs().max().item())
+    dense = LeanLM(model, CPU, max_len=256)  # quantization changes the weights a little, not the model
+    packed = LeanLM(model, CPU, max_len=256, quant=quant)
+    if quant == "int4":  # every linear but the head, which stays int8
+        assert packed.lm_head.q.dtype == torch.int8 and all(layer[1].int4 and layer[5].int4 for layer in packed.layers)
+    a, b = dense.forward(prompt[:8]), packed.forward(prompt[:8])
+    assert torch.allclose(a, b, atol=(0.1 if quant == "int8" else 0.25) * a.abs().max().item())
 
 
 def test_int8_needs_bfloat16_on_the_cpu():

@@ -85,24 +85,31 @@ def test_light_load_runs_the_same_model(model_dirs):
     assert a == b
 
 
-def test_int8_weights_are_cached_between_starts(tmp_path, monkeypatch):
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_quantized_weights_are_cached_between_starts(tmp_path, monkeypatch, quant):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     model = tiny_model("llama", seed=7, hidden=64).to(torch.bfloat16)
     model.save_pretrained(tmp_path / "m")
     first = Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU)
-    assert not first.int8_cache.exists()
-    a = LeanLM(first, CPU, max_len=128, quant="int8")
-    assert first.int8_cache.is_file()
+    cache = first.cache_file(quant)
+    assert not cache.exists()
+    a = LeanLM(first, CPU, max_len=128, quant=quant)
+    assert cache.is_file() and not first.cache_file("int8" if quant == "int4" else "int4").exists()
     second = Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU)
-    assert second.int8_cache == first.int8_cache
-    b = LeanLM(second, CPU, max_len=128, quant="int8")
-    c = LeanLM(model, CPU, max_len=128, quant="int8")  # computed afresh from the transformers model
+    assert second.cache_file(quant) == cache
+    b = LeanLM(second, CPU, max_len=128, quant=quant)
+    c = LeanLM(model, CPU, max_len=128, quant=quant)  # computed afresh from the transformers model
     for x, y in ((a, b), (a, c)):
         assert torch.equal(x.lm_head.q, y.lm_head.q) and torch.equal(x.layers[1][1].s, y.layers[1][1].s)
+        assert torch.equal(x.layers[1][1].q, y.layers[1][1].q) and x.layers[1][1].int4 == y.layers[1][1].int4
+    # the kernels load their operands with aligned vector loads: tensors read back from the cache
+    # (8 bytes off in the file) must not reach them as they lie there (SIGSEGV on SmolLM2's head)
+    for lin in [b.lm_head] + [layer[i] for layer in b.layers for i in (1, 2, 4, 5)]:
+        assert lin.q.data_ptr() % 64 == 0 and lin.s.data_ptr() % 64 == 0
     prompt = [3, 9, 4, 11, 20, 21]
     assert torch.equal(b.forward(prompt), c.forward(prompt))
-    first.int8_cache.write_bytes(b"garbage")  # a damaged cache is recomputed, never fatal
-    d = LeanLM(Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU), CPU, max_len=128, quant="int8")
+    cache.write_bytes(b"garbage")  # a damaged cache is recomputed, never fatal
+    d = LeanLM(Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU), CPU, max_len=128, quant=quant)
     assert torch.equal(d.lm_head.q, a.lm_head.q)
 
 
