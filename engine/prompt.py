@@ -53,7 +53,12 @@ SMOLLM = FimTemplate(  # SmolLM/SmolLM2: StarCoder-style file tokens, no FIM: le
     # in post-processing. Measured on 12 held-out stdlib files (a 300-token piece of a sibling file,
     # then 384 tokens of the file): loss 2.31 bare, 1.925 with <repo_name>/<file_sep> headers, 1.926
     # with "# path" comments, 1.938 with <filename>; so the repository format, as StarCoder2 data has it.
-    "smollm", order="none", repo_name="<repo_name>", file_sep="<file_sep>",
+    # No <repo_name> header, though: with the workspace folder's name there (request.repo), `bench
+    # context --arms digest,digest-norepo --loss` on 280 first-use tasks in 8 packages (2026-12-06)
+    # gave exact 37 with it, 41 without (2 gained, 6 lost; 9 lost to 2 over 320 tasks with a second
+    # rich seed), edit similarity 0.450 both, answer loss 1.556 vs 1.561. The templates of
+    # Qwen2.5-Coder and StarCoder2, whose repository format documents the header, keep it.
+    "smollm", order="none", file_sep="<file_sep>",
     stop=("<|endoftext|>", "<file_sep>", "<filename>", "<repo_name>", "<reponame>", "<|im_start|>", "<|im_end|>"),
 )
 PLAIN = FimTemplate("plain", order="none")
@@ -119,12 +124,12 @@ class Prompt:
 
 
 def assemble(template: FimTemplate, request: CompletionRequest, snippets: Sequence[Snippet],
-             prefix: str, suffix: str, bos: str = "", repo: str = "") -> list[Segment]:
-    """The segments in the family's format, ordered stable -> volatile."""
+             prefix: str, suffix: str, bos: str = "") -> list[Segment]:
+    """The segments in the family's format, ordered stable -> volatile (the repository header from `request.repo`)."""
     t = template
     seg: list[Segment] = [Special(bos)] if t.bos and bos else []
-    if t.repo_name and repo:
-        seg += [Special(t.repo_name), repo + ("\n" if t.family != "starcoder2" else "")]
+    if t.repo_name and request.repo:
+        seg += [Special(t.repo_name), request.repo + ("\n" if t.family != "starcoder2" else "")]
     for s in snippets:
         if t.file_sep:
             body = s.text if s.text.endswith("\n") or t.family == "starcoder2" else s.text + "\n"
@@ -153,7 +158,7 @@ class PromptBuilder:
     their longest prefix (SPM: everything but the tail), so the KV cache is reused.
     """
 
-    def __init__(self, template: FimTemplate, tokenizer: Any, budget: PromptBudget = PromptBudget(), repo: str = ""):
+    def __init__(self, template: FimTemplate, tokenizer: Any, budget: PromptBudget = PromptBudget()):
         if not template.bos and adds_bos(tokenizer):
             # a model whose tokenizer opens every text with BOS was trained so: Gemma 3 without it
             # wrote blank lines where, with it, it wrote the function's loop (bench routing)
@@ -161,12 +166,15 @@ class PromptBuilder:
         self.template = template
         self.tokenizer = tokenizer
         self.budget = budget
-        self.repo = repo
         self._anchor: dict[str, int] = {}  # uri -> char offset (in the request's prefix) of the window's first line
         # one build encodes the window twice (budget check, then the prompt), and the suffix and
         # snippets come back unchanged keystroke after keystroke: remember recent encodings
         self._encoded = functools.lru_cache(maxsize=128)(self._encode_tuple)
         self._offsets = functools.lru_cache(maxsize=32)(self._offsets_tuple)
+
+    def forget_windows(self) -> None:
+        """Drop the windows' anchors: the next prompt of each document is laid out as a first one."""
+        self._anchor.clear()
 
     def _offsets_tuple(self, text: str) -> tuple[tuple[int, int], ...]:
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -201,11 +209,12 @@ class PromptBuilder:
                 continue
             chosen.append(s)
             used += cost
-        prefix_budget = b.total - used - len(self.encode(suffix)) - 16
+        header = len(self.encode(request.repo)) + 2 if self.template.repo_name and request.repo else 0
+        prefix_budget = b.total - used - header - len(self.encode(suffix)) - 16
         start = self._anchor_window(request, max(prefix_budget, 32))
         prefix = request.prefix[start:]
         bos = self.tokenizer.bos_token or ""
-        segments = assemble(self.template, request, chosen, prefix, suffix, bos=bos, repo=self.repo)
+        segments = assemble(self.template, request, chosen, prefix, suffix, bos=bos)
         tokens = tokens_for(segments, self.encode, self.special_id)
         return Prompt(segments, tokens, len(chosen), len(prefix), tuple(chosen))
 
@@ -240,9 +249,9 @@ class PromptBuilder:
         return start if return_start else text[start:]
 
 
-def render_golden(template: FimTemplate, request: CompletionRequest, repo: str = "", bos: str = "<s>") -> str:
-    """The prompt as a string (no budgeting): what golden tests compare."""
-    return Prompt(assemble(template, request, request.snippets, request.prefix, request.suffix, bos=bos, repo=repo)).render()
+def render_golden(template: FimTemplate, request: CompletionRequest, bos: str = "<s>") -> str:
+    """The prompt as a string (no budgeting; the repository header from `request.repo`): what golden tests compare."""
+    return Prompt(assemble(template, request, request.snippets, request.prefix, request.suffix, bos=bos)).render()
 
 
 def tokens_for(segments: Sequence[Segment], encode: Callable[[str], list[int]], special: Callable[[str], int]) -> list[int]:

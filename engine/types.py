@@ -93,6 +93,7 @@ class CompletionRequest:
     version: int = 0
     language: str = ""
     path: str = ""  # workspace-relative path shown to the model
+    repo: str = ""  # the workspace folder's name (a repository header where the family has one); "" = none
     snippets: tuple[Snippet, ...] = ()
     mode: Mode = "multi-line"
     limits: Limits = field(default_factory=Limits)

@@ -44,19 +44,23 @@ def parse_location(location: str) -> tuple[Path, int, int]:
     return Path(path), max(int(line) - 1, 0), max(int(col) - 1, 0)
 
 
-def complete_file(path: Path, line: int, col: int, config: Config, retriever: Retriever | None = None) -> Completion:
-    """One completion at a 0-based position of a file on disk (the CLI path, no LSP)."""
+def complete_file(path: Path, line: int, col: int, config: Config, retriever: Retriever | None = None,
+                  workspace: Path | None = None) -> Completion:
+    """One completion at a 0-based position of a file on disk (the CLI path, no LSP).
+
+    ``workspace``: the workspace folder (paths and the repository name are shown relative to it);
+    without it, the retriever's roots."""
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.splitlines(keepends=True)
     offset = sum(len(s) for s in lines[:line]) + min(col, len(lines[line].rstrip("\r\n")) if line < len(lines) else 0)
-    roots = [Path(r) for r in getattr(retriever, "roots", ())]
+    roots = [workspace.resolve()] if workspace is not None else [Path(r) for r in getattr(retriever, "roots", ())]
     snap = Snapshot(uri=path.resolve().as_uri(), version=0, language=path.suffix.lstrip("."),
                     path=display_path(str(path.resolve()), roots), before=text[:offset], after=text[offset:])
     started = time.perf_counter()
     engine = make_engine(config.model)
     loaded_ms = (time.perf_counter() - started) * 1e3
     completer = Completer(engine, config.completion, retriever, roots)
-    request = build_request(snap, config.completion)
+    request = build_request(snap, config.completion, roots)
     done = completer.complete(request, threading.Event(), context_for(snap, request, config.completion))
     done.timings_ms["load_model"] = loaded_ms  # not part of "total": the server loads once
     done.prompt = engine.last_prompt_text() if hasattr(engine, "last_prompt_text") else ""
@@ -79,7 +83,7 @@ def run_complete(args: Any) -> int:
     if index is not None:
         index.build()
     try:
-        completion = complete_file(path, line, col, config, index)
+        completion = complete_file(path, line, col, config, index, workspace)
     finally:
         if index is not None and hasattr(index, "close"):
             index.close()

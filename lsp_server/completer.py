@@ -44,8 +44,25 @@ class Completion:
     prompt: str = ""  # the engine's prompt as text, special tokens included (`draftline complete --prompt`)
 
 
-def build_request(snap: Snapshot, cfg: CompletionConfig) -> CompletionRequest:
-    """The engine request for a snapshot (without snippets; those come at run time)."""
+def repo_name(uri: str, roots: Sequence[Path]) -> str:
+    """The name of the innermost workspace folder holding the document ("" when none does)."""
+    fs = uri_to_path(uri)
+    if not fs:
+        return ""
+    path = Path(fs)
+    for root in sorted(roots, key=lambda r: len(str(r)), reverse=True):
+        if path.is_relative_to(root):
+            return Path(root).name
+    return ""
+
+
+def build_request(snap: Snapshot, cfg: CompletionConfig, roots: Sequence[Path] = ()) -> CompletionRequest:
+    """The engine request for a snapshot (without snippets; those come at run time).
+
+    ``roots``: the workspace folders; the one holding the document names the repository in the
+    prompt where the model's template has a repository header (Qwen2.5-Coder, StarCoder2; SmolLM2's
+    measured better without one: engine.prompt.SMOLLM).
+    """
     mode = postprocess.choose_mode(snap.before, snap.after, cfg.mode)
     max_lines = 1 if mode == "single-line" else cfg.max_lines_multi
     # multi-line: the engine stops as soon as a line leaves the cursor's scope (what postprocess cuts anyway)
@@ -69,6 +86,7 @@ def build_request(snap: Snapshot, cfg: CompletionConfig) -> CompletionRequest:
         version=snap.version,
         language=snap.language,
         path=snap.path,
+        repo=repo_name(snap.uri, roots),
         mode=mode,
         limits=limits,
     )

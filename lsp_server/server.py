@@ -194,7 +194,7 @@ class Draftline:
             snap = with_selection(snap, doc, selected.range, selected.text)
         if not snap:
             return None
-        request = build_request(snap, self.config.completion)
+        request = build_request(snap, self.config.completion, self.roots)
         hit = self.cache.lookup(snap, request)
         if hit is not None:
             self._count_hit(hit[1])

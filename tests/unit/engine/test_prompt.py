@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from transformers import AutoTokenizer
 
-from engine.prompt import (CODELLAMA, DEEPSEEK_CODER, DRAFTLINE, PLAIN, QWEN25_CODER, STARCODER2, PromptBudget,
+from engine.prompt import (CODELLAMA, DEEPSEEK_CODER, DRAFTLINE, PLAIN, QWEN25_CODER, SMOLLM, STARCODER2, PromptBudget,
                            PromptBuilder, detect_template, render_golden)
 from engine.model import common_prefix_len
 from engine.types import CompletionRequest, Snippet
 
 REQ = CompletionRequest(
     prefix="def add(a, b):\n    ", suffix="\n\nprint(add(1, 2))\n", path="pkg/calc.py",
-    snippets=(Snippet("pkg/util.py", "def sub(a, b):\n    return a - b\n"),),
+    snippets=(Snippet("pkg/util.py", "def sub(a, b):\n    return a - b\n"),), repo="proj",
 )
 
 GOLDEN = {
@@ -28,12 +30,21 @@ GOLDEN = {
     DRAFTLINE: "<|file_sep|>pkg/util.py\ndef sub(a, b):\n    return a - b\n<|file_sep|>pkg/calc.py\n"
                "<|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_prefix|>def add(a, b):\n    <|fim_middle|>",
     PLAIN: "# pkg/util.py\ndef sub(a, b):\n    return a - b\n\n# pkg/calc.py\ndef add(a, b):\n    ",
+    SMOLLM: "<file_sep>pkg/util.py\ndef sub(a, b):\n    return a - b\n<file_sep>pkg/calc.py\n"
+            "def add(a, b):\n    ",
 }
 
 
 @pytest.mark.parametrize("template", list(GOLDEN), ids=lambda t: t.family)
 def test_golden_prompt_strings(template):
-    assert render_golden(template, REQ, repo="proj") == GOLDEN[template]
+    assert render_golden(template, REQ) == GOLDEN[template]
+
+
+@pytest.mark.parametrize("template", [QWEN25_CODER, STARCODER2], ids=lambda t: t.family)
+def test_no_repository_header_without_a_repository_name(template):
+    bare = render_golden(template, replace(REQ, repo=""))
+    assert template.repo_name not in bare and bare == GOLDEN[template].replace(
+        template.repo_name + "proj" + ("" if template is STARCODER2 else "\n"), "")
 
 
 def test_deepseek_uses_full_width_bars():
@@ -129,3 +140,25 @@ def test_a_tokenizer_that_opens_texts_with_bos_gets_it_in_the_prompt(adds):
     builder = PromptBuilder(PLAIN, _BosTokenizer(adds), PromptBudget(total=400))
     tokens = builder.build(CompletionRequest(prefix="def f():\n    ", path="a.py")).tokens
     assert (tokens[0] == 1) is adds and tokens.count(1) == int(adds)
+
+
+def test_the_builder_opens_a_qwen_prompt_with_the_request_s_repository_name_and_not_smollm2s():
+    """Qwen2.5-Coder's repository format starts `<|repo_name|>NAME\n`; SmolLM2 measured better without it."""
+    req = CompletionRequest(prefix="def f():\n    ", path="core.py", uri="file:///ws/click/core.py", repo="click",
+                            snippets=(Snippet("utils.py", "def echo():\n    pass\n"),))
+    qwen = PromptBuilder(QWEN25_CODER, _BosTokenizer(False), PromptBudget(total=400))
+    prompt = qwen.build(req)
+    assert prompt.render().startswith("<|repo_name|>click\n<|file_sep|>utils.py\ndef echo():\n")
+    assert qwen.build(replace(req, repo="")).render() == prompt.render().replace("<|repo_name|>click\n", "")
+    smollm = PromptBuilder(SMOLLM, _BosTokenizer(False), PromptBudget(total=400)).build(req).render()
+    assert smollm.startswith("<file_sep>utils.py\ndef echo():\n") and smollm.endswith("<file_sep>core.py\ndef f():\n    ")
+
+
+def test_forget_windows_lays_the_next_prompt_out_as_a_first_one(tokenizer_dir):
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    builder = PromptBuilder(DRAFTLINE, tok, PromptBudget(total=300))
+    first = builder.build(CompletionRequest(prefix=_lines(100), uri="u"))
+    longer = CompletionRequest(prefix=_lines(100) + _lines(3), uri="u")
+    assert builder.build(longer).prefix_chars > first.prefix_chars  # kept its anchor: the window grew
+    builder.forget_windows()
+    assert builder.build(longer).prefix_chars <= first.prefix_chars + len(_lines(3)) // 2  # re-anchored

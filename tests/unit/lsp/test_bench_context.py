@@ -50,3 +50,17 @@ def test_make_tasks_expects_the_rest_of_the_line(tmp_path):
     got = {t.name: (t.expected, t.signature) for t in tasks}
     assert got["Shape"] == ("Shape('sq', n)", "class Shape:")
     assert got["area_of"] == ("area_of(s, 2.0)", 'def area_of(shape: "Shape", scale: float = 1.0,')
+
+
+def test_a_norepo_arm_runs_the_same_arm_without_the_repository_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    root = workspace(tmp_path / "ws")
+    args = argparse.Namespace(workspace=root, tasks=10, seed=0, arms="none,none-norepo", no_model=False,
+                              target="tiny", json=True, loss=True)
+    report = _run(args)
+    with_name, without = report["arms"]["none"], report["arms"]["none-norepo"]
+    assert with_name["repo"] == "ws" and without["repo"] == ""
+    assert with_name["answer_loss"] > 0 and without["answer_loss"] > 0
+    # the tiny pair's template has no repository header: the same prompts, the same answers
+    assert report["repo_name_effect"]["none"] == {"answers_changed": 0, "exact_gained": 0, "exact_lost": 0}
+    assert with_name["answer_loss"] == without["answer_loss"]

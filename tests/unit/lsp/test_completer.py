@@ -231,3 +231,28 @@ def test_suggestions_apply_to_the_real_buffer_after_a_redacted_secret():
     cache.remember(first, request, completion.text)
     typed = snap(before + "regi", ")\n")
     assert cache.lookup(typed, build_request(typed, cfg)) == ("on='eu-west-1'", "type-through")
+
+
+def test_the_request_names_the_workspace_folder_holding_the_document():
+    from pathlib import Path
+
+    roots = [Path("/tmp/ws/click"), Path("/tmp/ws/click/vendor/rich"), Path("/srv/other")]
+    cfg = CompletionConfig()
+    assert build_request(snap("x = ", uri="file:///tmp/ws/click/core.py"), cfg, roots).repo == "click"
+    assert build_request(snap("x = ", uri="file:///tmp/ws/click/vendor/rich/text.py"), cfg, roots).repo == "rich"
+    assert build_request(snap("x = ", uri="file:///tmp/elsewhere/a.py"), cfg, roots).repo == ""  # outside all
+    assert build_request(snap("x = ", uri="untitled:Untitled-1"), cfg, roots).repo == ""  # not a file
+    assert build_request(snap("x = ", uri="file:///tmp/ws/click/core.py"), cfg).repo == ""  # no roots known
+
+
+def test_draftline_complete_names_the_workspace_in_the_request(tmp_path):
+    from lsp_server.complete_cli import complete_file
+    from lsp_server.config import resolve_config
+
+    ws = tmp_path / "proj"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "a.py").write_text("x = 1\ny = \n")
+    config = resolve_config(workspace_roots=[ws], client_settings={"model": {"target": "fake"}})
+    done = complete_file(ws / "pkg" / "a.py", 1, 4, config, None, ws)
+    assert done.request.repo == "proj" and done.request.path == "pkg/a.py"
+    assert complete_file(ws / "pkg" / "a.py", 1, 4, config).request.repo == ""  # no workspace: no name
