@@ -128,6 +128,25 @@ def architecture(path: str | os.PathLike) -> str:
         return inspect(path).architecture
 
 
+def quant_types(path: str | os.PathLike) -> tuple[str, ...]:
+    """The file's tensor types, most common first (from its conversion's record, as `architecture`)."""
+    try:
+        return tuple(json.loads((converted(path) / "draftline-source.json").read_text())["quant_types"])
+    except (OSError, ValueError, KeyError):
+        return inspect(path).quant_types
+
+
+# block types of at most ~4.5 bits a weight: int4 decode weights lose no precision the file still had
+FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K", "IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K", "IQ3_XXS", "IQ3_S", "IQ2_XXS",
+                  "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4")
+
+
+def decode_quant(types: tuple[str, ...]) -> str:
+    """The lean decoder's weights for a file of these tensor types (most common first): int4 for a
+    file of 4-bit blocks, int8 for finer ones."""
+    return "int4" if types[:1] and types[0] in FOUR_BIT_TYPES else "int8"
+
+
 def file_hash(path: Path) -> str:
     """sha256 of the file's bytes, remembered by (path, size, mtime) so a restart does not re-read gigabytes."""
     stat = path.stat()

