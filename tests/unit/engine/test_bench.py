@@ -20,3 +20,16 @@ def test_bench_engine_json(model_dirs, capsys):
         assert {"tokens_per_s", "ms_per_token", "acceptance", "accepted_per_step", "speedup", "identical"} <= m.keys()
         assert m["identical"] is True, m["name"]
     assert report["modes"][0]["speedup"] == 1.0
+
+
+def test_bench_quant_json(model_dirs, capsys):
+    """`draftline bench quant`: every arm decodes and verifies; the dense arm agrees with itself throughout."""
+    rc = main(["bench", "quant", "--target", str(model_dirs["target"]), "--prompts", "2", "--max-new", "6",
+               "--prompt-chars", "300", "--verify", "3", "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["prompts"] == 2 and list(report["arms"]) == ["none", "int8", "int4"]
+    for arm in report["arms"].values():
+        assert arm["decode_ms_per_token"] > 0 and arm["verify_3_rows_ms"] > 0
+    assert report["arms"]["int8"]["vs_int8"] == 1.0
+    assert report["arms"]["none"]["tokens_equal_to_dense_before_first_difference"] == 6

