@@ -33,7 +33,7 @@ def _path(parents: list[int], i: int) -> list[int]:
 
 def _lm(family: str, quant: str, seed: int = 5) -> LeanLM:
     model = tiny_model(family, seed=seed, hidden=64)
-    if quant == "int8":
+    if quant in ("int8", "int4"):
         model = model.to(torch.bfloat16)
     return LeanLM(model, CPU, max_len=256, quant=quant)
 
@@ -47,7 +47,7 @@ def _decode_steps(lm: LeanLM, base: int, tokens: list[int]) -> list[torch.Tensor
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
-@pytest.mark.parametrize("quant", ["int8", "none"])
+@pytest.mark.parametrize("quant", ["int8", "int4", "none"])
 def test_tree_rows_equal_decode_steps(family, quant):
     """Row i of a tree forward is the decode step of node i after its ancestors: bit for bit on the
     int8 path (one query token at a time over the same keys), to float32 rounding without quant."""
@@ -62,7 +62,7 @@ def test_tree_rows_equal_decode_steps(family, quant):
         assert logits.shape == (len(tokens), VOCAB)
         for i in range(len(tokens)):
             ref = _decode_steps(lm, len(prompt), [tokens[j] for j in _path(parents, i)])[-1]
-            if quant == "int8":
+            if quant != "none":
                 assert torch.equal(logits[i], ref), (trial, i)
             else:
                 assert torch.allclose(logits[i], ref, atol=1e-4), (trial, i)
