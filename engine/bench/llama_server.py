@@ -31,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-DRAFTLINE_MODES = ("plain", "ngram-adaptive")
+DRAFTLINE_MODES = ("plain", "ngram-adaptive", "default")  # default: the engine's own drafting for this model
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -147,7 +147,8 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
                     continue
                 engine.forget()
                 t0 = time.perf_counter()
-                result = engine.complete(request, threading.Event(), spec=spec_for(name.removeprefix("draftline-")))
+                mode = name.removeprefix("draftline-")
+                result = engine.complete(request, threading.Event(), spec=None if mode == "default" else spec_for(mode))
                 total = time.perf_counter() - t0
                 st = result.stats
                 n = st.generated_tokens

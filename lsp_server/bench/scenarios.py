@@ -30,6 +30,10 @@ SPEC_MODES = {  # name -> how it drafts and how it picks gamma (the issue's mode
     "ngram": SpecConfig(drafter="ngram", schedule="adaptive"),
     "hybrid": SpecConfig(drafter="hybrid", schedule="adaptive", draft_confidence=0.0),
     "ngram-grow": SpecConfig(drafter="ngram", schedule="grow"),  # long strides while a copy holds
+    # fixed draft lengths whose verify is a whole number of the int4 kernel's 4-row blocks (4 / 8 rows)
+    "ngram-g3": SpecConfig(drafter="ngram", schedule="fixed", gamma=3),
+    "ngram-g7": SpecConfig(drafter="ngram", schedule="fixed", gamma=7),
+    "ngram-m2-g3": SpecConfig(drafter="ngram", schedule="fixed", gamma=3, ngram_min=2),
     "ngram-m2": SpecConfig(drafter="ngram", schedule="adaptive", ngram_min=2),  # copies only after 2+ matching tokens
     "ngram-m3": SpecConfig(drafter="ngram", schedule="adaptive", ngram_min=3),
     # token trees (issue 21): up to 13 nodes per verify, depth <= 4, <= 3 children per node; every

@@ -38,6 +38,6 @@ def test_bench_against_a_real_llama_server(capsys):
     assert main(["bench", "llama-server", "--prompts", "1", "--max-new", "6", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     engines = report["engines"]
-    assert set(engines) == {"llama-server", "draftline-plain", "draftline-ngram-adaptive"}
+    assert set(engines) == {"llama-server", "draftline-plain", "draftline-ngram-adaptive", "draftline-default"}
     assert engines["llama-server"]["vs_llama_server_decode"] == 1.0
     assert all(e["tokens_mean"] >= 1 and e["first_token_ms"] > 0 for e in engines.values())

