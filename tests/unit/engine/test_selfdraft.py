@@ -20,14 +20,14 @@ PROMPTS = [[4, 9, 2, 33, 4, 9, 2, 17, 60, 61], [1, 2, 3], list(range(10, 50))]
 
 def _model(quant: str, layers: int = 4, seed: int = 21):
     model = tiny_model("llama", seed=seed, layers=layers, hidden=64)
-    return model.to(torch.bfloat16) if quant == "int8" else model
+    return model.to(torch.bfloat16) if quant in ("int8", "int4") else model
 
 
 def _target(model, quant: str) -> LeanLM:
     return LeanLM(model, CPU, max_len=256, quant=quant)
 
 
-@pytest.mark.parametrize("quant", ["none", "int8"])
+@pytest.mark.parametrize("quant", ["none", "int8", "int4"])
 @pytest.mark.parametrize("layers,head", [(1, None), (3, None), (2, list(range(0, 96, 2)))])
 def test_speculation_with_a_self_draft_equals_plain_greedy(quant, layers, head):
     model = _model(quant)
@@ -60,7 +60,7 @@ def test_self_draft_logits_equal_the_truncated_model(layers):
         assert not torch.allclose(got, model(torch.tensor([seq])).logits[0].float(), atol=1e-2)
 
 
-@pytest.mark.parametrize("quant", ["none", "int8"])
+@pytest.mark.parametrize("quant", ["none", "int8", "int4"])
 def test_restricted_head_is_minus_inf_outside_its_ids(quant):
     model = _model(quant)
     target = _target(model, quant)
