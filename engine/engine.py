@@ -342,8 +342,8 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     # transformers, where bf16 wrote mis-indented code (Gemma-3-270M, 2026-12-05) and is opt-in
     quantized_source = gguf_file is not None and gguf_architecture(gguf_file) in LEAN_GGUF_ARCHITECTURES
     if quant == "auto" and quantized_source and dtype in ("auto", "bfloat16"):
-        # a file of 4-bit blocks decodes with int4 weights (SmolLM2's Q4_1: 11.7 vs 15.8 ms/token for
-        # int8 on this CPU, held-out quality the same: README), finer files with int8
+        # a file of 4-bit blocks decodes with int4 weights (SmolLM2's Q4_1: 12.4 vs 16.3 ms/token for
+        # int8 on this CPU, `draftline bench quant`; held-out quality the same: README), finer files with int8
         from engine.gguf import decode_quant, quant_types
 
         quant = decode_quant(quant_types(gguf_file))

@@ -20,6 +20,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -119,21 +120,23 @@ def inspect(path: str | os.PathLike) -> GgufInfo:
     return info
 
 
-def architecture(path: str | os.PathLike) -> str:
-    """`general.architecture` of a GGUF file, as its conversion recorded it (converting it first if
-    need be: loading it does that anyway); reading it with GGUFReader costs ~2 s per start."""
+def _recorded(path: str | os.PathLike, key: str) -> Any:
+    """`key` of the file's GgufInfo as its conversion recorded it (converting it first if need be:
+    loading it does that anyway); reading the file with GGUFReader costs ~2 s per start."""
     try:
-        return str(json.loads((converted(path) / "draftline-source.json").read_text())["architecture"])
+        return json.loads((converted(path) / "draftline-source.json").read_text())[key]
     except (OSError, ValueError, KeyError):
-        return inspect(path).architecture
+        return getattr(inspect(path), key)
+
+
+def architecture(path: str | os.PathLike) -> str:
+    """`general.architecture` of a GGUF file."""
+    return str(_recorded(path, "architecture"))
 
 
 def quant_types(path: str | os.PathLike) -> tuple[str, ...]:
-    """The file's tensor types, most common first (from its conversion's record, as `architecture`)."""
-    try:
-        return tuple(json.loads((converted(path) / "draftline-source.json").read_text())["quant_types"])
-    except (OSError, ValueError, KeyError):
-        return inspect(path).quant_types
+    """The file's tensor types, most common first."""
+    return tuple(_recorded(path, "quant_types"))
 
 
 # block types of at most ~4.5 bits a weight: int4 decode weights lose no precision the file still had
