@@ -298,6 +298,8 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
 
     ``draft="self:N"`` drafts with the target's own first N layers and its head (``"self:N:K"``: a
     head over the K most frequent tokens), sharing the target's weights (engine.selfdraft; lean decoder only).
+    ``draft="eagle"`` drafts with the shipped EAGLE layer for the default model, ``"eagle:PATH"`` with
+    another (engine.eagle; lean decoder only).
 
     ``backend`` (auto | lean | transformers | llamacpp) overrides ``config.backend``, and SpecConfig
     fields (``drafter``, ``schedule``, ``gamma``, ``draft_confidence``, ...) override ``config.spec``,
@@ -355,10 +357,12 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     if prompt_tokens or config.budget.total == PromptBudget().total:  # a caller's own budget stays
         total = prompt_tokens or (CPU_PROMPT_TOKENS if on_cpu else GPU_PROMPT_TOKENS)
         config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, total=total))
+    from engine import eagle
     from engine.selfdraft import attach, parse_self_draft
 
     self_draft = parse_self_draft(draft or "")  # "self:N[:K]": the target's first N layers (engine.selfdraft)
-    if self_draft is not None:
+    eagle_draft = eagle.parse_eagle_draft(draft or "")  # "eagle[:PATH]": a trained EAGLE layer (engine.eagle)
+    if self_draft is not None or eagle_draft is not None:
         if config.backend not in ("auto", "lean"):
             raise ValueError(f"draft {draft!r} runs on the lean decoder, not backend {config.backend!r}")
         draft = None
@@ -369,6 +373,8 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     engine = Engine(tgt, drf, config)
     if self_draft is not None:
         attach(engine, *self_draft)
+    if eagle_draft is not None:
+        eagle.attach(engine, eagle_draft)
     return engine
 
 

@@ -300,6 +300,15 @@ class LeanLM:
         kv_dtype = torch.float32 if self.manual_attention else dtype
         self.set_cache(torch.zeros(shape, dtype=kv_dtype, device=device))
         self.model = model
+        self.hidden: torch.Tensor | None = None  # see keep_hidden
+
+    def keep_hidden(self) -> torch.Tensor:
+        """From now on, every forward also writes its last layer's output (before the final norm) per
+        position into `self.hidden` (max_len, hidden): what an EAGLE draft (engine.eagle) reads.
+        Positions below len(self.tokens) are valid; a truncate leaves the rest to be overwritten."""
+        if self.hidden is None:
+            self.hidden = torch.zeros((self.max_len, self.embed.shape[1]), dtype=self.embed.dtype, device=self.device)
+        return self.hidden
 
     def set_cache(self, kv: torch.Tensor) -> None:
         """Use `kv` (layers, k|v, KVH, L, D) as the KV cache, with its per-layer views made once."""
@@ -345,6 +354,10 @@ class LeanLM:
                 pieces.append(out)
         return torch.cat(pieces) if len(pieces) > 1 else pieces[0]
 
+    def _inputs(self, ids: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """The first layer's input for the tokens `ids` at positions start..end-1: their embeddings."""
+        return self.embed[ids]
+
     def _attend_one(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
         """One token's attention over keys/values (KVH, L, D): q (H, D) -> (H, D)."""
         kvh, d = keys.shape[0], self.head_dim
@@ -356,7 +369,7 @@ class LeanLM:
         start, t = len(self.tokens), len(new_tokens)
         end = start + t
         ids = torch.tensor(list(new_tokens), dtype=torch.long, device=self.device)
-        x = self.embed[ids]  # (T, C)
+        x = self._inputs(ids, start, end)  # (T, C)
         cos, sin = self.cos[start:end], self.sin[start:end]  # (T, D)
         h, kvh, d = self.n_heads, self.n_kv, self.head_dim
         group = h // kvh
@@ -403,6 +416,8 @@ class LeanLM:
             gate, up = wgu(self._rms(x, ln2, self.eps)).split(self.ffn, -1)
             x = x + wdown(torch.nn.functional.silu(gate) * up)
         self.tokens.extend(int(tok) for tok in new_tokens)
+        if self.hidden is not None:
+            self.hidden[start:end] = x
         if keep == 0:
             return None
         x = x[-keep:]
@@ -492,7 +507,7 @@ class LeanLM:
             x = x + wo(att)
             gate, up = wgu(self._rms(x, ln2, self.eps)).split(self.ffn, -1)
             x = x + wdown(torch.nn.functional.silu(gate) * up)
-        self._tree = (start, self.forwards, [int(t) for t in tokens], list(parents), tree_kv)
+        self._tree = (start, self.forwards, [int(t) for t in tokens], list(parents), tree_kv, x)
         logits = self.lm_head(self._rms(x, self.final_norm, self.eps)).float()
         if self.vocab_limit is not None:
             logits = logits[:, : self.vocab_limit]
@@ -508,7 +523,7 @@ class LeanLM:
         self._tree = None
         if tree is None:
             raise ValueError("keep_path needs a forward_tree first")
-        start, forwards, tokens, parents, tree_kv = tree
+        start, forwards, tokens, parents, tree_kv, hidden = tree
         if forwards != self.forwards or len(self.tokens) != start:
             raise ValueError("the cache changed since forward_tree")
         nodes = [int(i) for i in nodes]
@@ -518,6 +533,8 @@ class LeanLM:
         if nodes:
             idx = torch.tensor(nodes, dtype=torch.long, device=self.device)
             self.kv[:, :, :, start : start + len(nodes)] = tree_kv.index_select(3, idx)
+            if self.hidden is not None:
+                self.hidden[start : start + len(nodes)] = hidden.index_select(0, idx)
         self.tokens.extend(tokens[i] for i in nodes)
 
 

@@ -61,6 +61,19 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_eagle(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+
+    from engine.training.eagle import EagleTrainConfig, train_eagle
+
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EagleTrainConfig)
+             if getattr(args, f.name, None) is not None}
+    summary = train_eagle(EagleTrainConfig(**given))
+    print(json.dumps({k: summary[k] for k in ("steps", "trained_tokens", "held_out_before", "held_out")}, indent=1))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="draftline",
@@ -126,6 +139,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="share of samples that are fill-in-the-middle (default 0.5; higher to teach infilling and ending a middle)")
     tr.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1, ...")
     tr.set_defaults(func=_train)
+
+    te = sub.add_parser("train-eagle", help="train an EAGLE draft (one layer over the target's hidden states) for a lean target")
+    te.add_argument("--target", help="the target (default: the default model, SmolLM2-135M)")
+    te.add_argument("--out", help="the draft file (default: the package's engine/models/eagle/smollm2-135m.safetensors)")
+    te.add_argument("--data-minutes", type=float, help="target forwards over training windows (default 18)")
+    te.add_argument("--minutes", type=float, help="optimizer steps (default 25)")
+    te.add_argument("--window", type=int, help="tokens per training window (default 512)")
+    te.add_argument("--batch", type=int, help="windows per step (default 8)")
+    te.add_argument("--lr", type=float, help="peak learning rate (default 1e-3)")
+    te.add_argument("--head-tokens", type=int, help="the draft head's most frequent ids (default 8192)")
+    te.add_argument("--max-chars", type=int, help="training text to gather (default 20M characters)")
+    te.add_argument("--held-out-windows", type=int, help="held-out windows evaluated (default 24)")
+    te.add_argument("--seed", type=int)
+    te.set_defaults(func=_train_eagle)
 
     bench = sub.add_parser("bench", help="benchmarks (each prints the numbers the README quotes)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCH")

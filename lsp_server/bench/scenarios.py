@@ -34,6 +34,11 @@ SPEC_MODES = {  # name -> how it drafts and how it picks gamma (the issue's mode
     "ngram-g3": SpecConfig(drafter="ngram", schedule="fixed", gamma=3),
     "ngram-g7": SpecConfig(drafter="ngram", schedule="fixed", gamma=7),
     "ngram-m2-g3": SpecConfig(drafter="ngram", schedule="fixed", gamma=3, ngram_min=2),
+    # a draft model (an EAGLE draft: --draft eagle) three tokens at a time, one 4-row int4 verify; alone,
+    # and behind the n-gram copy (hybrid: a copy after 2+ matching tokens, else the draft)
+    "draft-g3": SpecConfig(drafter="draft", schedule="fixed", gamma=3, draft_confidence=0.0),
+    "hybrid-g3": SpecConfig(drafter="hybrid", schedule="fixed", gamma=3, ngram_min=2, draft_confidence=0.0),
+    "draft-g3-conf": SpecConfig(drafter="draft", schedule="fixed", gamma=3, draft_confidence=0.4),
     "ngram-m2": SpecConfig(drafter="ngram", schedule="adaptive", ngram_min=2),  # copies only after 2+ matching tokens
     "ngram-m3": SpecConfig(drafter="ngram", schedule="adaptive", ngram_min=3),
     # token trees (issue 21): up to 13 nodes per verify, depth <= 4, <= 3 children per node; every

@@ -1,0 +1,235 @@
+"""Training of an EAGLE draft (engine/eagle.py) for a lean target: `draftline train-eagle`.
+
+1. Features: the target (lean decoder, its own weights and quant) runs over windows of the corpus's
+   training split (engine.training.corpus; never the held-out packages the benches cut prompts
+   from) and its last-layer outputs are kept, per token, in bf16.
+2. Training: for pair p = (feature at p, token at p + 1) the draft predicts the feature at p + 1.
+   Loss = the cross-entropy of its head distribution against the target's own (both through the
+   target's final norm and the FR-Spec head of the K most frequent tokens, the target's computed
+   from the true feature at p + 1) + the smooth-L1 distance of the unit-RMS features (EAGLE's
+   regression term). Inputs get a little noise, as EAGLE does, since at inference a draft's second
+   guess reads its own (imperfect) feature.
+3. Held-out: the same loss and the top-1 agreement of draft and target (full vocabulary) on windows
+   of the held-out split; written into the file's metadata with the run's figures.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from engine.eagle import SHIPPED, save, unit_rms
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EagleTrainConfig:
+    target: str = ""  # "" = the default model (engine.bundled)
+    out: str = str(SHIPPED)
+    data_minutes: float = 18.0  # target forwards over training windows (features)
+    minutes: float = 25.0  # optimizer steps
+    window: int = 512
+    batch: int = 8
+    lr: float = 1e-3
+    warmup: int = 30
+    head_tokens: int = 8192  # FR-Spec: the draft's head covers the K most frequent ids of the training split
+    reg: float = 1.0  # weight of the feature regression against the distribution loss
+    noise: float = 0.05  # std of the gaussian noise added to the unit-RMS input features
+    max_chars: int = 20_000_000  # training text gathered (engine.training.corpus.collect)
+    held_out_windows: int = 24
+    seed: int = 0
+    init_std: float = 0.02
+
+
+class EagleDraftModule(torch.nn.Module):
+    """The draft as a trainable module; its state_dict keys are the file's (engine.eagle.LAYER_KEYS)."""
+
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int, eps: float):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim, self.ffn, self.eps = heads, kv_heads, head_dim, ffn, eps
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        self.ln1 = torch.nn.Parameter(torch.ones(hidden))
+        self.qkv = torch.nn.Linear(hidden, (heads + 2 * kv_heads) * head_dim, bias=False)
+        self.o = torch.nn.Linear(heads * head_dim, hidden, bias=False)
+        self.ln2 = torch.nn.Parameter(torch.ones(hidden))
+        self.gate_up = torch.nn.Linear(hidden, 2 * ffn, bias=False)
+        self.down = torch.nn.Linear(ffn, hidden, bias=False)
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype) * w
+
+    def forward(self, feats: torch.Tensor, emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """feats: unit-RMS features (B, T, C); emb: the next tokens' embeddings (B, T, C); cos/sin (T, D)
+        as engine.lean holds them (sin's first half negated). Returns the guessed features (B, T, C)."""
+        b, t, _ = feats.shape
+        h, kvh, d = self.heads, self.kv_heads, self.head_dim
+        x = self.fc(torch.cat([emb, feats], -1))
+        q, k, v = self.qkv(self._rms(x, self.ln1)).split([h * d, kvh * d, kvh * d], -1)
+        q, k, v = (z.view(b, t, -1, d).transpose(1, 2) for z in (q, k, v))  # (B, heads, T, D)
+        q = q * cos + q.roll(d // 2, -1) * sin
+        k = k * cos + k.roll(d // 2, -1) * sin
+        att = torch.nn.functional.scaled_dot_product_attention(
+            q, k.repeat_interleave(h // kvh, 1), v.repeat_interleave(h // kvh, 1), is_causal=True)
+        x = x + self.o(att.transpose(1, 2).reshape(b, t, h * d))
+        gate, up = self.gate_up(self._rms(x, self.ln2)).split(self.ffn, -1)
+        return x + self.down(torch.nn.functional.silu(gate) * up)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self.state_dict().items()}
+
+
+def features(lm, stream: list[int], window: int, minutes: float, rng, max_windows: int | None = None):
+    """Run the target over random windows of `stream`; (tokens (N, W) int64, features (N, W, C) bf16)."""
+    lm.keep_hidden()
+    toks, feats = [], []
+    deadline = time.perf_counter() + minutes * 60
+    starts = rng.permutation(max(1, (len(stream) - window) // window)) * window
+    for i, s in enumerate(starts):
+        if time.perf_counter() > deadline or (max_windows and i >= max_windows):
+            break
+        ids = stream[s : s + window]
+        lm.reset()
+        lm.forward(ids, keep_logits=1)
+        toks.append(torch.tensor(ids, dtype=torch.long))
+        feats.append(lm.hidden[: len(ids)].to(torch.bfloat16).clone())
+        if i % 20 == 0:
+            print(f"\rfeatures: {i + 1} windows", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    lm.reset()
+    return torch.stack(toks), torch.stack(feats)
+
+
+def _stream(tokenizer, texts: list[str], rng) -> list[int]:
+    """The texts in random order, each ended by the tokenizer's end token, as one id stream."""
+    eos = tokenizer.eos_token_id
+    order = rng.permutation(len(texts))
+    out: list[int] = []
+    for i in order:
+        out += tokenizer.encode(texts[i], add_special_tokens=False)
+        if eos is not None:
+            out.append(eos)
+    return out
+
+
+class _Frozen:
+    """The target's tensors the loss reads: embeddings, final norm, and the FR-Spec head rows (float32)."""
+
+    def __init__(self, lm, head_ids: torch.Tensor):
+        self.embed = lm.embed.float()
+        self.norm = lm.final_norm.float()
+        self.full_head = lm.lm_head.w.float()
+        self.head = self.full_head[head_ids]
+        self.eps = lm.eps
+        self.cos, self.sin = lm.cos.float(), lm.sin.float()
+
+    def logits(self, f: torch.Tensor, full: bool = False) -> torch.Tensor:
+        normed = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm
+        return normed @ (self.full_head if full else self.head).T
+
+
+def _loss(model: EagleDraftModule, fz: _Frozen, toks: torch.Tensor, feats: torch.Tensor, cfg: EagleTrainConfig,
+          noise: float) -> tuple[torch.Tensor, dict]:
+    f = feats.float()
+    t = f.shape[1] - 1
+    inp = unit_rms(f[:, :-1], fz.eps)
+    if noise:
+        inp = inp + noise * torch.randn_like(inp)
+    g = model(inp, fz.embed[toks[:, 1:]], fz.cos[:t], fz.sin[:t])  # guesses of f[:, 1:]
+    with torch.no_grad():
+        p = torch.softmax(fz.logits(f[:, 1:]), -1)
+    logq = torch.log_softmax(fz.logits(g), -1)
+    ce = -(p * logq).sum(-1).mean()
+    reg = torch.nn.functional.smooth_l1_loss(unit_rms(g, fz.eps), unit_rms(f[:, 1:], fz.eps))
+    return ce + cfg.reg * reg, {"ce": float(ce.detach()), "reg": float(reg.detach()), "g": g.detach()}
+
+
+@torch.no_grad()
+def evaluate(model: EagleDraftModule, fz: _Frozen, head_ids: torch.Tensor, toks: torch.Tensor, feats: torch.Tensor,
+             cfg: EagleTrainConfig) -> dict:
+    """Held-out: loss terms, and how often the draft's top token (its head) is the target's (full head)."""
+    model.eval()
+    agree = covered = count = 0
+    ce = reg = 0.0
+    for s in range(0, len(toks), cfg.batch):
+        tk, ft = toks[s : s + cfg.batch], feats[s : s + cfg.batch]
+        _, parts = _loss(model, fz, tk, ft, cfg, 0.0)
+        ce, reg = ce + parts["ce"] * len(tk), reg + parts["reg"] * len(tk)
+        want = torch.stack([fz.logits(w[1:].float(), full=True).argmax(-1) for w in ft])  # a window at a time
+        got = head_ids[fz.logits(parts["g"]).argmax(-1)]
+        agree += int((want == got).sum())
+        covered += int(torch.isin(want, head_ids).sum())
+        count += want.numel()
+    model.train()
+    n = max(1, len(toks))
+    return {"ce": round(ce / n, 4), "reg": round(reg / n, 4), "top1_agreement": round(agree / max(1, count), 4),
+            "target_top1_in_head": round(covered / max(1, count), 4), "positions": count}
+
+
+def train_eagle(cfg: EagleTrainConfig) -> dict:
+    """Features from the target, then the draft; writes cfg.out and returns the run's summary."""
+    import numpy as np
+
+    from engine import bundled
+    from engine.engine import load_engine
+    from engine.lean import LeanLM
+    from engine.selfdraft import head_ids as frequent_ids
+    from engine.selfdraft import tokenizer_hash
+    from engine.training.corpus import collect
+
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    target, _, options = bundled.resolve(cfg.target or None)
+    engine = load_engine(target, **options)
+    lm, tok = engine.target_lm, engine.target.tokenizer
+    if not isinstance(lm, LeanLM):
+        raise ValueError(f"an EAGLE draft is trained on a lean target; {target} runs on {type(lm).__name__}")
+    t0 = time.perf_counter()
+    corpus = collect(max_chars=cfg.max_chars)
+    train_stream = _stream(tok, [f.text for f in corpus.train], rng)
+    held_stream = _stream(tok, [f.text for f in corpus.held_out], rng)
+    log.info("corpus: %d train tokens, %d held-out tokens (%.0fs)", len(train_stream), len(held_stream),
+             time.perf_counter() - t0)
+    ids = frequent_ids(tok, cfg.head_tokens, lm.lm_head.w.shape[0])
+    held_toks, held_feats = features(lm, held_stream, cfg.window, 10.0, rng, max_windows=cfg.held_out_windows)
+    toks, feats = features(lm, train_stream, cfg.window, cfg.data_minutes, rng)
+    log.info("features: %d training windows of %d tokens", len(toks), cfg.window)
+    fz = _Frozen(lm, ids)
+    model = EagleDraftModule(int(lm.embed.shape[1]), lm.n_heads, lm.n_kv, lm.head_dim, lm.ffn, lm.eps)
+    for name, p in model.named_parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=cfg.init_std)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    before = evaluate(model, fz, ids, held_toks, held_feats, cfg)
+    budget, start, step = cfg.minutes * 60, time.perf_counter(), 0
+    while (elapsed := time.perf_counter() - start) < budget:
+        frac = elapsed / budget
+        scale = min(1.0, (step + 1) / cfg.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+        for g in opt.param_groups:
+            g["lr"] = cfg.lr * scale
+        pick = torch.from_numpy(rng.integers(0, len(toks), size=cfg.batch))
+        loss, parts = _loss(model, fz, toks[pick], feats[pick], cfg, cfg.noise)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        if step % 10 == 0:
+            print(f"\rstep {step} ce {parts['ce']:.3f} reg {parts['reg']:.3f} {100 * frac:.0f}%", end="",
+                  file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    after = evaluate(model, fz, ids, held_toks, held_feats, cfg)
+    summary = {"target": engine.target.name, "tokenizer": tokenizer_hash(tok), "head_tokens": len(ids),
+               "config": {k: v for k, v in asdict(cfg).items() if k != "out"},
+               "windows": len(toks), "tokens": int(toks.numel()), "steps": step,
+               "trained_tokens": step * cfg.batch * (cfg.window - 1),
+               "held_out_before": before, "held_out": after,
+               "hardware": f"{torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d")}
+    save(cfg.out, model.tensors(), ids, summary)
+    log.info("EAGLE draft written to %s: %s", cfg.out, after)
+    return summary
