@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     te.add_argument("--max-chars", type=int, help="training text to gather (default 20M characters)")
     te.add_argument("--held-out-windows", type=int, help="held-out windows evaluated (default 24)")
     te.add_argument("--seed", type=int)
+    te.add_argument("--steps", type=int, choices=[1, 2],
+                    help="guesses trained per position: 2 also trains the second guess on the draft's own first (default 1)")
+    te.add_argument("--features", help="keep the target's features in this file (a rerun reads them back)")
     te.set_defaults(func=_train_eagle)
 
     bench = sub.add_parser("bench", help="benchmarks (each prints the numbers the README quotes)")

@@ -45,6 +45,48 @@ def _step_costs(target: LeanLM, drafts: dict[str, SelfDraftLM], context: list[in
     return out
 
 
+class _PairSteps:
+    """An EAGLE draft (engine.eagle.EagleLM) behind the forward/truncate/reset of a plain LM, for
+    _step_costs: a context's pairs read the target's features; a step reads the last guessed feature,
+    as a draft's second guess does."""
+
+    def __init__(self, lm, target: LeanLM):
+        self.lm, self.target = lm, target
+
+    def reset(self) -> None:
+        self.lm.reset()
+
+    def truncate(self, n: int) -> None:
+        self.lm.truncate(n)
+
+    def forward(self, tokens: list[int], keep_logits: int = 1):
+        n = len(self.lm.tokens)
+        if n == 0:  # the context: the target holds it (it ran first), so its features are there
+            return self.lm.forward_pairs(tokens, self.target.hidden[: len(tokens)], keep_logits)
+        return self.lm.forward_pairs(tokens, self.lm.hidden[n - 1 : n], keep_logits)
+
+
+def _eagle_agreement(lm, target: LeanLM, prompt: list[int], answer: list[int]) -> tuple[int, int]:
+    """_agreement for an EAGLE draft: pair p (the target's feature at p, token p + 1) guesses token
+    p + 2; the target's features along prompt + answer come from its own forwards (decode-sized pieces)."""
+    from engine.lean import INT8_MAX_ROWS
+
+    if len(answer) < 2:
+        return 0, 0
+    seq = list(prompt) + list(answer)
+    target.keep_hidden()
+    target.reset()
+    target.forward(prompt, keep_logits=1)
+    for s in range(0, len(answer) - 1, INT8_MAX_ROWS):
+        target.forward(answer[:-1][s : s + INT8_MAX_ROWS], keep_logits=1)
+    n = len(seq) - 2  # pairs 0 .. n - 1
+    lm.reset()
+    logits = lm.forward_pairs(seq[1 : n + 1], target.hidden[:n], keep=len(answer) - 1)
+    preds = logits.argmax(-1).tolist()  # pairs P - 1 .. n - 1 guess answer[1:]
+    target.reset()
+    return sum(int(p == a) for p, a in zip(preds, answer[1:])), len(answer) - 1
+
+
 def _agreement(lm: SelfDraftLM, prompt: list[int], answer: list[int]) -> tuple[int, int]:
     """(matches, positions): how often the draft's argmax after prompt + answer[:j] is answer[j]
     (the target's greedy token), j >= 1, fed in pieces short enough for the decode-step kernels."""
@@ -63,7 +105,8 @@ def _agreement(lm: SelfDraftLM, prompt: list[int], answer: list[int]) -> tuple[i
 
 def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequence[int | None] = (None, 4096),
             prompts: int = 8, max_new: int = 64, prompt_chars: int = 1500, steps: int = 60, seed: int = 0,
-            confidence: float | None = None, probe: Sequence[int] = (16, 20, 24, 28), out=sys.stdout) -> dict:
+            confidence: float | None = None, probe: Sequence[int] = (16, 20, 24, 28), out=sys.stdout,
+            eagle: str | None = None) -> dict:
     """Self drafts of `layers` x `heads` (None: the full head) against plain decoding and the n-gram drafter.
 
     Per draft: one draft step's cost as a fraction of a target step (median over `steps` at the
@@ -74,11 +117,15 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
     same tokens; modes interleaved, a rotating order per prompt, after one untimed warm-up round).
     Every mode's output must equal plain's. `confidence`: the drafter's p_min (None: SpecConfig's).
     `probe`: further depths whose agreement alone is measured (full head; no end-to-end run).
+    `eagle`: also an EAGLE draft (engine.eagle; "eagle" = the shipped one, or a file), alone ("eagle")
+    and behind the n-gram copy ("eagle+ngram", the hybrid), both three tokens at a time; its step is
+    one pair of its layer.
     """
     import torch
 
-    from engine.selfdraft import SelfDraftLM, head_ids, token_ranking
     from engine.bench.engine import held_out_prompts
+    from engine.lean import LeanLM
+    from engine.selfdraft import SelfDraftLM, head_ids, token_ranking
     from engine.bundled import resolve
     from engine.drafters import ModelDrafter
     from engine.engine import load_engine
@@ -90,7 +137,7 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
     if not isinstance(lean, LeanLM):
         raise ValueError(f"{target_name} does not run on the lean decoder")
     tok = engine.target.tokenizer
-    ranking = token_ranking(tok) if any(heads) else None
+    ranking = token_ranking(tok) if any(heads) and layers else None
     p_min = SpecConfig().draft_confidence if confidence is None else confidence
     drafts: dict[str, SelfDraftLM] = {}
     for n in layers:
@@ -98,6 +145,14 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
             ids = head_ids(tok, k, lean.lm_head.w.shape[0], ranking) if k else None
             drafts[f"self:{n}" + (f":{k}" if k else "")] = SelfDraftLM(lean, n, ids)
     probes = {f"self:{n}": SelfDraftLM(lean, n) for n in probe if f"self:{n}" not in drafts}
+    eagle_lm = None
+    if eagle:
+        from engine import eagle as eagle_mod
+
+        path = eagle_mod.parse_eagle_draft(eagle) or eagle_mod.parse_eagle_draft(f"eagle:{eagle}")
+        tensors, ids, _ = eagle_mod.load(path)
+        lean.keep_hidden()
+        eagle_lm = eagle_mod.EagleLM(lean, tensors, ids)
     cut = held_out_prompts(prompts, prompt_chars, seed)
     requests = [CompletionRequest(prefix=prefix, suffix=suffix, path=path, uri=f"selfdraft://{i}",
                                   limits=Limits(max_tokens=max_new)) for i, (path, prefix, suffix) in enumerate(cut)]
@@ -111,12 +166,15 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
 
     # 1. one draft step vs one target step at the first prompt's context
     context = engine.prompt_for(requests[0]).tokens
-    costs = _step_costs(lean, drafts, context, steps)
+    costs = _step_costs(lean, {**drafts, **({"eagle": _PairSteps(eagle_lm, lean)} if eagle_lm else {})}, context, steps)
+    if eagle_lm is not None:
+        costs["eagle+ngram"] = costs["eagle"]
     print(f"step cost at {len(context)} tokens of context: target {costs['target']['ms']:.1f} ms (median)",
           file=out, flush=True)
 
     # 2. end to end, modes interleaved per prompt
-    modes = ["plain", "ngram", *drafts]
+    eagle_modes = ["eagle", "eagle+ngram"] if eagle_lm is not None else []
+    modes = ["plain", "ngram", *drafts, *eagle_modes]
     specs = {"plain": SpecConfig(drafter="none"), "ngram": SpecConfig(drafter="ngram", schedule="adaptive")}
 
     def run(mode: str, request: CompletionRequest):
@@ -127,6 +185,15 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
             drafts[mode].reset()  # every mode pays its own prefill, the draft's included
             drafter = ModelDrafter(drafts[mode], p_min=p_min)
             spec = SpecConfig(drafter="draft", schedule="adaptive", draft_confidence=p_min)
+        elif mode in eagle_modes:
+            from engine.drafters import HybridDrafter
+            from engine.eagle import EagleDrafter
+
+            eagle_lm.reset()
+            drafter = EagleDrafter(lean, eagle_lm, p_min=0.0)
+            if mode == "eagle+ngram":  # the engine sets the n-gram's min_n from the spec's ngram_min
+                drafter = HybridDrafter(engine.ngram, drafter, 2)
+            spec = SpecConfig(drafter="draft", schedule="fixed", gamma=3, draft_confidence=0.0, ngram_min=2)
         t0 = time.perf_counter()
         res = engine.complete(request, threading.Event(), spec, drafter=drafter)
         return res, time.perf_counter() - t0
@@ -140,7 +207,7 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
     accepted = {m: 0 for m in modes}
     verifies = {m: 0 for m in modes}
     identical = {m: True for m in modes}
-    agree = {m: [0, 0] for m in (*drafts, *probes)}
+    agree = {m: [0, 0] for m in (*drafts, *probes, *eagle_modes)}
     n_tokens = 0
     for i, request in enumerate(requests):
         order = modes[i % len(modes):] + modes[: i % len(modes)]
@@ -163,6 +230,11 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
             m, n = _agreement(lm, prompt_tokens, list(results["plain"]))
             agree[name][0] += m
             agree[name][1] += n
+        if eagle_lm is not None:
+            m, n = _eagle_agreement(eagle_lm, lean, prompt_tokens, list(results["plain"]))
+            for name in eagle_modes:
+                agree[name][0] += m
+                agree[name][1] += n
         times = " ".join(f"{m} {1000 * per_prompt[m][-1]:.0f}" for m in modes)
         print(f"  prompt {i + 1}/{len(requests)}: {len(prompt_tokens)} prompt tokens, {len(results['plain'])} new; "
               f"ms: {times}", file=out, flush=True)
@@ -171,8 +243,8 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
     for mode in modes:
         rows.append({
             "mode": mode,
-            "step_fraction": costs[mode]["fraction"] if mode in drafts else None,
-            "agreement": agree[mode][0] / agree[mode][1] if mode in drafts and agree[mode][1] else None,
+            "step_fraction": costs[mode]["fraction"] if mode in costs and mode != "target" else None,
+            "agreement": agree[mode][0] / agree[mode][1] if mode in agree and agree[mode][1] else None,
             "acceptance": accepted[mode] / proposed[mode] if proposed[mode] else None,
             "tokens_per_verify": (accepted[mode] + verifies[mode]) / verifies[mode] if verifies[mode] else None,
             "draft_share": draft_s[mode] / seconds[mode] if seconds[mode] else 0.0,
@@ -186,7 +258,7 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
               "context_tokens": len(context), "target_step_ms": costs["target"]["ms"], "tokens": n_tokens,
               "draft_p_min": p_min, "rows": rows,
               "agreement_by_depth": {n.partition(":")[2]: a[0] / a[1] for n, a in agree.items()
-                                     if a[1] and n.count(":") == 1}}
+                                     if a[1] and n.startswith("self:") and n.count(":") == 1}}
     print(_table(report), file=out, flush=True)
     return report
 
@@ -223,15 +295,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--confidence", type=float, default=None, help="the drafter's p_min (default: SpecConfig's)")
     p.add_argument("--probe", default="16,20,24,28", help="further depths whose agreement alone is measured")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eagle", default=None, metavar="FILE",
+                   help='also an EAGLE draft: "eagle" (the shipped one) or a file from draftline train-eagle')
     p.add_argument("--json", action="store_true")
 
 
 def run_bench_selfdraft(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
     heads = [None if h in ("full", "") else int(h) for h in args.heads.split(",")]
-    report = measure(args.target, [int(n) for n in args.layers.split(",")], heads, args.prompts, args.max_new,
+    report = measure(args.target, [int(n) for n in args.layers.split(",") if n], heads, args.prompts, args.max_new,
                      args.prompt_chars, args.steps, args.seed, args.confidence,
-                     [int(n) for n in args.probe.split(",") if n], out=sys.stderr if args.json else sys.stdout)
+                     [int(n) for n in args.probe.split(",") if n], out=sys.stderr if args.json else sys.stdout,
+                     eagle=args.eagle)
     if args.json:
         print(json.dumps(report, indent=2))
     return 0

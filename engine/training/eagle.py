@@ -20,6 +20,8 @@ import math
 import sys
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -45,6 +47,8 @@ class EagleTrainConfig:
     held_out_windows: int = 24
     seed: int = 0
     init_std: float = 0.02
+    steps: int = 1  # 2: also train the second guess on the draft's own first (EAGLE-3's training-time test)
+    features: str = ""  # a file keeping the target's features: read when it exists, else written (reruns skip step 1)
 
 
 class EagleDraftModule(torch.nn.Module):
@@ -64,21 +68,45 @@ class EagleDraftModule(torch.nn.Module):
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype) * w
 
-    def forward(self, feats: torch.Tensor, emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """feats: unit-RMS features (B, T, C); emb: the next tokens' embeddings (B, T, C); cos/sin (T, D)
-        as engine.lean holds them (sin's first half negated). Returns the guessed features (B, T, C)."""
-        b, t, _ = feats.shape
+    def _attention_inputs(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        b, t, _ = x.shape
         h, kvh, d = self.heads, self.kv_heads, self.head_dim
-        x = self.fc(torch.cat([emb, feats], -1))
         q, k, v = self.qkv(self._rms(x, self.ln1)).split([h * d, kvh * d, kvh * d], -1)
         q, k, v = (z.view(b, t, -1, d).transpose(1, 2) for z in (q, k, v))  # (B, heads, T, D)
         q = q * cos + q.roll(d // 2, -1) * sin
         k = k * cos + k.roll(d // 2, -1) * sin
-        att = torch.nn.functional.scaled_dot_product_attention(
-            q, k.repeat_interleave(h // kvh, 1), v.repeat_interleave(h // kvh, 1), is_causal=True)
-        x = x + self.o(att.transpose(1, 2).reshape(b, t, h * d))
+        return q, k.repeat_interleave(h // kvh, 1), v.repeat_interleave(h // kvh, 1)
+
+    def _rest(self, x: torch.Tensor, att: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        x = x + self.o(att.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
         gate, up = self.gate_up(self._rms(x, self.ln2)).split(self.ffn, -1)
         return x + self.down(torch.nn.functional.silu(gate) * up)
+
+    def forward(self, feats: torch.Tensor, emb: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                feats2: torch.Tensor | Callable[[torch.Tensor], torch.Tensor] | None = None):
+        """feats: unit-RMS features (B, T, C); emb: the next tokens' embeddings (B, T, C); cos/sin (T, D)
+        as engine.lean holds them (sin's first half negated). Returns the guessed features (B, T, C).
+
+        With `feats2` (the draft's own guesses in place of the target's features, or a function of
+        the first pass's guesses that makes them), also a second
+        pass where pair p reads feats2[p] and attends to the first pass's pairs before p and to itself:
+        what the draft's second guess sees at inference (EAGLE-3's training-time test). Returns both."""
+        x = self.fc(torch.cat([emb, feats], -1))
+        q, k, v = self._attention_inputs(x, cos, sin)
+        g = self._rest(x, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+        if feats2 is None:
+            return g
+        t = x.shape[1]
+        if callable(feats2):  # made from the first pass's guesses
+            feats2 = feats2(g)
+        x2 = self.fc(torch.cat([emb, feats2], -1))
+        q2, k2, v2 = self._attention_inputs(x2, cos, sin)
+        eye = torch.eye(t, dtype=torch.bool, device=x.device)
+        mask = torch.cat([torch.ones(t, t, dtype=torch.bool, device=x.device).tril(-1), eye], 1)  # (T, 2T)
+        att2 = torch.nn.functional.scaled_dot_product_attention(q2, torch.cat([k, k2], 2), torch.cat([v, v2], 2),
+                                                                attn_mask=mask)
+        return g, self._rest(x2, att2)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.state_dict().items()}
@@ -134,19 +162,34 @@ class _Frozen:
 
 
 def _loss(model: EagleDraftModule, fz: _Frozen, toks: torch.Tensor, feats: torch.Tensor, cfg: EagleTrainConfig,
-          noise: float) -> tuple[torch.Tensor, dict]:
+          noise: float, steps: int = 1) -> tuple[torch.Tensor, dict]:
+    """The distribution + regression loss of the draft's first guess (and, with steps=2, of its
+    second, made from its own first guess), averaged over the guesses."""
     f = feats.float()
     t = f.shape[1] - 1
     inp = unit_rms(f[:, :-1], fz.eps)
     if noise:
         inp = inp + noise * torch.randn_like(inp)
-    g = model(inp, fz.embed[toks[:, 1:]], fz.cos[:t], fz.sin[:t])  # guesses of f[:, 1:]
+    emb = fz.embed[toks[:, 1:]]
     with torch.no_grad():
         p = torch.softmax(fz.logits(f[:, 1:]), -1)
-    logq = torch.log_softmax(fz.logits(g), -1)
-    ce = -(p * logq).sum(-1).mean()
-    reg = torch.nn.functional.smooth_l1_loss(unit_rms(g, fz.eps), unit_rms(f[:, 1:], fz.eps))
-    return ce + cfg.reg * reg, {"ce": float(ce.detach()), "reg": float(reg.detach()), "g": g.detach()}
+        want = unit_rms(f[:, 1:], fz.eps)
+    if steps == 2:
+        def own(g: torch.Tensor) -> torch.Tensor:  # pair p reads the first pass's guess of f_p
+            return torch.cat([inp[:, :1], unit_rms(g[:, :-1].detach(), fz.eps)], 1)
+
+        g, g2 = model(inp, emb, fz.cos[:t], fz.sin[:t], feats2=own)
+        guesses = [(g, slice(None)), (g2, slice(1, None))]
+    else:
+        guesses = [(model(inp, emb, fz.cos[:t], fz.sin[:t]), slice(None))]
+    total = ce_sum = reg_sum = 0.0
+    for guess, keep in guesses:
+        ce = -(p[:, keep] * torch.log_softmax(fz.logits(guess[:, keep]), -1)).sum(-1).mean()
+        reg = torch.nn.functional.smooth_l1_loss(unit_rms(guess[:, keep], fz.eps), want[:, keep])
+        total = total + ce + cfg.reg * reg
+        ce_sum, reg_sum = ce_sum + float(ce.detach()), reg_sum + float(reg.detach())
+    n = len(guesses)
+    return total / n, {"ce": ce_sum / n, "reg": reg_sum / n, "g": guesses[0][0].detach()}
 
 
 @torch.no_grad()
@@ -196,8 +239,17 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
     log.info("corpus: %d train tokens, %d held-out tokens (%.0fs)", len(train_stream), len(held_stream),
              time.perf_counter() - t0)
     ids = frequent_ids(tok, cfg.head_tokens, lm.lm_head.w.shape[0])
-    held_toks, held_feats = features(lm, held_stream, cfg.window, 10.0, rng, max_windows=cfg.held_out_windows)
-    toks, feats = features(lm, train_stream, cfg.window, cfg.data_minutes, rng)
+    cached = Path(cfg.features) if cfg.features else None
+    if cached is not None and cached.is_file():  # an earlier run's features: the optimizer steps alone
+        saved = torch.load(cached, weights_only=True)
+        held_toks, held_feats, toks, feats = saved["held_toks"], saved["held_feats"], saved["toks"], saved["feats"]
+        log.info("features read from %s", cached)
+    else:
+        held_toks, held_feats = features(lm, held_stream, cfg.window, 10.0, rng, max_windows=cfg.held_out_windows)
+        toks, feats = features(lm, train_stream, cfg.window, cfg.data_minutes, rng)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            torch.save({"held_toks": held_toks, "held_feats": held_feats, "toks": toks, "feats": feats}, cached)
     log.info("features: %d training windows of %d tokens", len(toks), cfg.window)
     fz = _Frozen(lm, ids)
     model = EagleDraftModule(int(lm.embed.shape[1]), lm.n_heads, lm.n_kv, lm.head_dim, lm.ffn, lm.eps)
@@ -213,7 +265,7 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
         for g in opt.param_groups:
             g["lr"] = cfg.lr * scale
         pick = torch.from_numpy(rng.integers(0, len(toks), size=cfg.batch))
-        loss, parts = _loss(model, fz, toks[pick], feats[pick], cfg, cfg.noise)
+        loss, parts = _loss(model, fz, toks[pick], feats[pick], cfg, cfg.noise, cfg.steps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -225,7 +277,7 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
     print(file=sys.stderr)
     after = evaluate(model, fz, ids, held_toks, held_feats, cfg)
     summary = {"target": engine.target.name, "tokenizer": tokenizer_hash(tok), "head_tokens": len(ids),
-               "config": {k: v for k, v in asdict(cfg).items() if k != "out"},
+               "config": {k: v for k, v in asdict(cfg).items() if k not in ("out", "features")},
                "windows": len(toks), "tokens": int(toks.numel()), "steps": step,
                "trained_tokens": step * cfg.batch * (cfg.window - 1),
                "held_out_before": before, "held_out": after,

@@ -64,6 +64,26 @@ def test_the_lean_layer_computes_the_training_module():
     assert torch.allclose(got, fz.logits(lm.hidden[n : n + 1].float())[0], atol=1e-3)
 
 
+def test_the_second_pass_of_training_is_the_drafts_second_guess():
+    """Training's second pass (pair p reads a guessed feature and attends to the true pairs before
+    it) computes what the lean draft computes for its second guess."""
+    target = _target(_model("none"))
+    module = _module(target)
+    torch.manual_seed(1)
+    n = 9
+    feats = unit_rms(torch.randn(n, target.embed.shape[1]), target.eps)
+    guessed = unit_rms(torch.randn(n, target.embed.shape[1]), target.eps)
+    toks = torch.randint(0, target.rows, (n,))
+    with torch.no_grad():
+        _, g2 = module(feats[None], target.embed[toks][None], target.cos[:n], target.sin[:n], feats2=guessed[None])
+    for p in (0, 4, n - 1):
+        lm = EagleLM(target, module.tensors(), torch.arange(target.rows))
+        if p:
+            lm.forward_pairs(toks[:p].tolist(), feats[:p])
+        lm.forward_pairs([int(toks[p])], guessed[p : p + 1])
+        assert torch.allclose(lm.hidden[p], g2[0, p], atol=1e-4), p
+
+
 @pytest.mark.parametrize("quant", ["none", "int8", "int4"])
 def test_speculation_with_an_eagle_draft_equals_plain_greedy(quant):
     model = _model(quant)
@@ -197,10 +217,27 @@ def test_training_lowers_the_loss_and_raises_agreement():
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     for step in range(150):
         pick = torch.arange(4) + 4 * (step % max(1, len(toks) // 4 - 1))
-        loss, _ = _loss(model, fz, toks[pick % len(toks)], feats[pick % len(toks)], cfg, 0.0)
+        loss, _ = _loss(model, fz, toks[pick % len(toks)], feats[pick % len(toks)], cfg, 0.0, steps=1 + step % 2)
         opt.zero_grad()
         loss.backward()
         opt.step()
     after = evaluate(model, fz, ids, toks[:4], feats[:4], cfg)
     assert after["ce"] < before["ce"] - 1.0
     assert after["top1_agreement"] > max(0.5, before["top1_agreement"])
+
+
+def test_bench_agreement_counts_the_drafters_first_guesses():
+    """bench selfdraft's teacher-forced agreement for an EAGLE draft equals asking the drafter for
+    one guess at each position of the answer."""
+    from engine.bench.selfdraft import _eagle_agreement
+
+    target = _target(_model("none"))
+    lm = _draft(target)
+    prompt, answer = PROMPTS[2][:20], [int(t) for t in torch.randint(0, 96, (12,), generator=torch.Generator().manual_seed(3))]
+    matches, n = _eagle_agreement(lm, target, prompt, answer)
+    drafter = EagleDrafter(target, _draft(target))
+    want = 0
+    for j in range(1, len(answer)):
+        target.prefill(prompt + answer[: j - 1])
+        want += int(drafter.propose(prompt + answer[:j], 1) == [answer[j]])
+    assert n == len(answer) - 1 and matches == want
