@@ -154,6 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     te.add_argument("--seed", type=int)
     te.add_argument("--steps", type=int, choices=[1, 2],
                     help="guesses trained per position: 2 also trains the second guess on the draft's own first (default 1)")
+    te.add_argument("--init", help="continue from this draft file (default: random initialisation)")
     te.add_argument("--features", help="keep the target's features in this file (a rerun reads them back)")
     te.set_defaults(func=_train_eagle)
 

@@ -47,6 +47,7 @@ class EagleTrainConfig:
     held_out_windows: int = 24
     seed: int = 0
     init_std: float = 0.02
+    init: str = ""  # a draft file to continue from (else random initialisation)
     steps: int = 1  # 2: also train the second guess on the draft's own first (EAGLE-3's training-time test)
     features: str = ""  # a file keeping the target's features: read when it exists, else written (reruns skip step 1)
 
@@ -253,9 +254,17 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
     log.info("features: %d training windows of %d tokens", len(toks), cfg.window)
     fz = _Frozen(lm, ids)
     model = EagleDraftModule(int(lm.embed.shape[1]), lm.n_heads, lm.n_kv, lm.head_dim, lm.ffn, lm.eps)
-    for name, p in model.named_parameters():
-        if p.dim() == 2:
-            torch.nn.init.normal_(p, std=cfg.init_std)
+    if cfg.init:  # continue from a draft file (its head ids must be this run's)
+        from engine.eagle import load
+
+        tensors, init_ids, _ = load(cfg.init)
+        if not torch.equal(init_ids.sort().values, ids):
+            raise ValueError(f"{cfg.init} drafts over other head ids than this run's {len(ids)}")
+        model.load_state_dict({k: v.float() for k, v in tensors.items()})
+    else:
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=cfg.init_std)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     before = evaluate(model, fz, ids, held_toks, held_feats, cfg)
     budget, start, step = cfg.minutes * 60, time.perf_counter(), 0
@@ -277,7 +286,8 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
     print(file=sys.stderr)
     after = evaluate(model, fz, ids, held_toks, held_feats, cfg)
     summary = {"target": engine.target.name, "tokenizer": tokenizer_hash(tok), "head_tokens": len(ids),
-               "config": {k: v for k, v in asdict(cfg).items() if k not in ("out", "features")},
+               "config": {k: v for k, v in asdict(cfg).items() if k not in ("out", "features", "init")},
+               "continued_from": Path(cfg.init).name if cfg.init else None,
                "windows": len(toks), "tokens": int(toks.numel()), "steps": step,
                "trained_tokens": step * cfg.batch * (cfg.window - 1),
                "held_out_before": before, "held_out": after,
