@@ -116,14 +116,14 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
         print("bench llama-server: no llama-server found (--server, $PATH, or editors/fetch-llama-server-sid.sh)",
               file=sys.stderr)
         return 2
-    target, _, options = resolve(args.gguf, None)
+    target, draft, options = resolve(args.gguf, None)  # the default model's own draft, when it has one
     gguf = resolve_gguf(target)
     if gguf is None:
         print(f"bench llama-server: {target!r} is not a GGUF file or a package carrying one", file=sys.stderr)
         return 2
     torch.set_num_threads(args.threads)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
-    engine = load_engine(target, **{**options, "quant": args.quant})
+    engine = load_engine(target, draft, **{**options, "quant": args.quant})
     server = Server(binary, str(gguf), args.threads)
     prompts = held_out_prompts(args.prompts, args.prompt_chars, args.seed)
     names = ["llama-server", *(f"draftline-{m}" for m in DRAFTLINE_MODES)]

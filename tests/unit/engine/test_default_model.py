@@ -80,3 +80,29 @@ def test_token_healing_on_a_fresh_indented_line(engine):
     assert all(engine._token_texts[i].startswith(" ") for i in allowed.tolist()[:50])
     res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
     assert res.text.startswith("return") and "width" in res.text
+
+
+@pytest.mark.skipif(not __import__("engine.eagle", fromlist=["SHIPPED"]).SHIPPED.is_file(),
+                    reason="this build ships no EAGLE draft")
+def test_the_shipped_eagle_draft_drafts_for_it_losslessly():
+    """The shipped EAGLE draft loads onto the default model, is right often enough to be accepted,
+    and speculation with it (alone and behind the n-gram copy) gives plain greedy's tokens."""
+    from engine.eagle import EagleLM
+    from engine.engine import load_engine
+
+    engine = load_engine(DEFAULT_PACKAGE, "eagle")
+    assert isinstance(engine.draft_lm, EagleLM) and len(engine.draft_lm.head_ids) >= 8192
+    text = (DEMO / "shapes.py").read_text()
+    accepted = 0
+    for cut in (len(text) // 3, len(text) - 40):
+        req = CompletionRequest(prefix=text[:cut], suffix=text[cut:], path="shapes.py", mode="multi-line",
+                                limits=Limits(max_tokens=32, max_lines=4))
+        engine.forget()
+        plain = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
+        for spec in (SpecConfig(drafter="draft", schedule="fixed", gamma=3, draft_confidence=0.0),
+                     SpecConfig(drafter="hybrid", schedule="fixed", gamma=3, ngram_min=2)):
+            engine.forget()
+            res = engine.complete(req, threading.Event(), spec)
+            assert res.tokens == plain.tokens and res.text == plain.text
+            accepted += sum(res.stats.accepted)
+    assert accepted > 0  # a draft that is never right would be a broken file, not a slow one
