@@ -108,6 +108,7 @@ class EagleLM(LeanLM):
             raise ValueError(f"this EAGLE draft was trained for another model: fc {tuple(tensors['fc.weight'].shape)}, "
                              f"qkv rows {tensors['qkv.weight'].shape[0]}; the target has hidden {hidden}, qkv rows {qkv_rows}")
         vars(self).update(vars(target))  # the target's embeddings, norms, RoPE tables, head: the same tensors
+        self._target_hidden = target.keep_hidden()
         dtype, dev = target.embed.dtype, target.device
         quant = target.quant  # int4 on the default model: the layer's 4.2M weights read half int8's bytes
         w = {k: v.to(dev, dtype) for k, v in tensors.items()}
@@ -127,9 +128,9 @@ class EagleLM(LeanLM):
         self._f0 = 0
 
     def _inputs(self, ids: torch.Tensor, start: int, end: int) -> torch.Tensor:
-        if self._feats is None:
-            raise ValueError("an EAGLE draft runs pairs: call forward_pairs")
-        f = self._feats[start - self._f0 : end - self._f0]
+        # a plain forward (prefill, a bench's timing) reads the target's features at the same positions
+        # (its hidden buffer: valid where the target holds them, else whatever it last wrote there)
+        f = self._target_hidden[start:end] if self._feats is None else self._feats[start - self._f0 : end - self._f0]
         return self.fc(torch.cat([self.embed[ids], unit_rms(f, self.eps)], -1))
 
     def forward_pairs(self, tokens: Sequence[int], feats: torch.Tensor, keep: int = 1) -> torch.Tensor:

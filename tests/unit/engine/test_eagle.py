@@ -128,6 +128,11 @@ def test_the_drafter_proposes_nothing_it_cannot_read_features_for():
     assert drafter.propose([1, 2, 3, 4], 0) == []
     assert drafter.propose([9, 9, 9, 4], 3) == []  # not the target's tokens
     assert len(drafter.propose([1, 2, 3, 4], 3)) == 3
+    # a plain forward (benchmarks time one) reads the target's features at its positions
+    lm = _draft(target)
+    a = lm.forward([2, 3], keep_logits=1)
+    lm.reset()
+    assert torch.equal(a, lm.forward_pairs([2, 3], target.hidden[:2]))
 
 
 def test_the_head_drafts_only_its_ids():
