@@ -200,14 +200,9 @@ class EagleDrafter:
 def attach(engine: Any, path: str | Path) -> EagleLM:
     """Give a loaded Engine (no draft model) the EAGLE draft in `path`: its draft_lm, drafter and hybrid."""
     from engine.drafters import HybridDrafter
-    from engine.selfdraft import tokenizer_hash
+    from engine.selfdraft import check_lean_target, tokenizer_hash
 
-    if not isinstance(engine.target_lm, LeanLM):
-        raise ValueError(f"an EAGLE draft reads the target's hidden states on the lean decoder, but "
-                         f"{engine.target.name} runs on {type(engine.target_lm).__name__} "
-                         f"(backend {engine.config.backend!r}); use backend 'auto' or 'lean' with a Llama/Qwen2 target")
-    if engine.draft_lm is not None:
-        raise ValueError("an EAGLE draft replaces the draft model: load no other draft")
+    check_lean_target(engine, f"EAGLE draft {Path(path).name}")
     if Path(path) == SHIPPED and not SHIPPED.is_file():
         raise ValueError("this build ships no EAGLE draft (engine/models/eagle): train one with `draftline train-eagle`")
     tensors, ids, meta = load(path)

@@ -125,16 +125,22 @@ def parse_self_draft(spec: str) -> tuple[int, int | None] | None:
     return layers, head
 
 
+def check_lean_target(engine: Any, what: str) -> None:
+    """ValueError unless `engine`'s target runs on the lean decoder and no draft model is loaded:
+    what a draft made of the target's own state (`what`: "draft 'self:4'", ...) needs."""
+    if not isinstance(engine.target_lm, LeanLM):
+        raise ValueError(f"{what} reads the target's own state on the lean decoder, but "
+                         f"{engine.target.name} runs on {type(engine.target_lm).__name__} "
+                         f"(backend {engine.config.backend!r}); use backend 'auto' or 'lean' with a Llama/Qwen2 target")
+    if engine.draft_lm is not None:
+        raise ValueError(f"{what} replaces the draft model: load no other draft")
+
+
 def attach(engine: Any, layers: int, head_tokens: int | None = None) -> SelfDraftLM:
     """Give a loaded Engine (no draft model) a self draft: its draft_lm, model drafter and hybrid."""
     from engine.drafters import HybridDrafter, ModelDrafter
 
-    if not isinstance(engine.target_lm, LeanLM):
-        raise ValueError(f"draft 'self:{layers}' runs the target's own first layers on the lean decoder, but "
-                         f"{engine.target.name} runs on {type(engine.target_lm).__name__} "
-                         f"(backend {engine.config.backend!r}); use backend 'auto' or 'lean' with a Llama/Qwen2 target")
-    if engine.draft_lm is not None:
-        raise ValueError("a self draft replaces the draft model: load no other draft")
+    check_lean_target(engine, f"draft 'self:{layers}'")
     ids = head_ids(engine.target.tokenizer, head_tokens, engine.target_lm.lm_head.w.shape[0]) if head_tokens else None
     lm = SelfDraftLM(engine.target_lm, layers, ids)
     engine.draft_lm = lm

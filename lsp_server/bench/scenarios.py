@@ -39,6 +39,7 @@ SPEC_MODES = {  # name -> how it drafts and how it picks gamma (the issue's mode
     "draft-g3": SpecConfig(drafter="draft", schedule="fixed", gamma=3, draft_confidence=0.0),
     "hybrid-g3": SpecConfig(drafter="hybrid", schedule="fixed", gamma=3, ngram_min=2, draft_confidence=0.0),
     "draft-g3-conf": SpecConfig(drafter="draft", schedule="fixed", gamma=3, draft_confidence=0.4),
+    "hybrid-g3-conf": SpecConfig(drafter="hybrid", schedule="fixed", gamma=3, ngram_min=2, draft_confidence=0.4),
     "ngram-m2": SpecConfig(drafter="ngram", schedule="adaptive", ngram_min=2),  # copies only after 2+ matching tokens
     "ngram-m3": SpecConfig(drafter="ngram", schedule="adaptive", ngram_min=3),
     # token trees (issue 21): up to 13 nodes per verify, depth <= 4, <= 3 children per node; every
