@@ -62,7 +62,7 @@ def save(path: str | Path, tensors: dict[str, torch.Tensor], head_ids: torch.Ten
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    out = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in tensors.items()}
+    out = {k: v.detach().to("cpu", torch.bfloat16).contiguous() for k, v in tensors.items()}
     out["head_ids"] = head_ids.to(torch.int64).contiguous()
     save_file(out, str(path), metadata={"draftline": json.dumps({"format": FORMAT, **meta})})
 

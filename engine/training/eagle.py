@@ -126,7 +126,7 @@ def features(lm, stream: list[int], window: int, minutes: float, rng, max_window
         lm.reset()
         lm.forward(ids, keep_logits=1)
         toks.append(torch.tensor(ids, dtype=torch.long))
-        feats.append(lm.hidden[: len(ids)].to(torch.bfloat16).clone())
+        feats.append(lm.hidden[: len(ids)].to("cpu", torch.bfloat16).clone())  # kept in host memory
         if i % 20 == 0:
             print(f"\rfeatures: {i + 1} windows", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
@@ -200,8 +200,10 @@ def evaluate(model: EagleDraftModule, fz: _Frozen, head_ids: torch.Tensor, toks:
     model.eval()
     agree = covered = count = 0
     ce = reg = 0.0
+    dev = fz.embed.device
+    head_ids = head_ids.to(dev)
     for s in range(0, len(toks), cfg.batch):
-        tk, ft = toks[s : s + cfg.batch], feats[s : s + cfg.batch]
+        tk, ft = toks[s : s + cfg.batch].to(dev), feats[s : s + cfg.batch].to(dev)
         _, parts = _loss(model, fz, tk, ft, cfg, 0.0)
         ce, reg = ce + parts["ce"] * len(tk), reg + parts["reg"] * len(tk)
         want = torch.stack([fz.logits(w[1:].float(), full=True).argmax(-1) for w in ft])  # a window at a time
@@ -253,7 +255,7 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
             torch.save({"held_toks": held_toks, "held_feats": held_feats, "toks": toks, "feats": feats}, cached)
     log.info("features: %d training windows of %d tokens", len(toks), cfg.window)
     fz = _Frozen(lm, ids)
-    model = EagleDraftModule(int(lm.embed.shape[1]), lm.n_heads, lm.n_kv, lm.head_dim, lm.ffn, lm.eps)
+    model = EagleDraftModule(int(lm.embed.shape[1]), lm.n_heads, lm.n_kv, lm.head_dim, lm.ffn, lm.eps).to(lm.device)
     if cfg.init:  # continue from a draft file (its head ids must be this run's)
         from engine.eagle import load
 
@@ -274,7 +276,7 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
         for g in opt.param_groups:
             g["lr"] = cfg.lr * scale
         pick = torch.from_numpy(rng.integers(0, len(toks), size=cfg.batch))
-        loss, parts = _loss(model, fz, toks[pick], feats[pick], cfg, cfg.noise, cfg.steps)
+        loss, parts = _loss(model, fz, toks[pick].to(lm.device), feats[pick].to(lm.device), cfg, cfg.noise, cfg.steps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
