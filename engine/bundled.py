@@ -30,6 +30,10 @@ def tiny_pair() -> tuple[str, str] | None:
 
 # the default model's drafting (see resolve); a user's model.options override any of it
 SMOLLM2_OPTIONS = {"drafter": "ngram", "single_line_drafter": "none", "ngram_min": 2, "schedule": "fixed", "gamma": 3}
+# with its EAGLE draft (`draft = "eagle"`): the hybrid, three tokens a verify, the draft stopping at a
+# guess it gives < 0.4 (bench scenarios' hybrid-g3-conf), one-line answers by the n-gram copy alone
+SMOLLM2_EAGLE_OPTIONS = {"drafter": "hybrid", "single_line_drafter": "ngram", "ngram_min": 2, "schedule": "fixed",
+                         "gamma": 3, "draft_confidence": 0.4}
 
 
 def resolve(target: str | None, draft: str | None = None) -> tuple[str, str | None, dict]:
@@ -49,7 +53,7 @@ def resolve(target: str | None, draft: str | None = None) -> tuple[str, str | No
         # is then one of the int4 kernel's 4-row blocks (5 rows cost 2.4 steps, 4 rows 1.7), and
         # `draftline bench scenarios` (int4, 2026-12-06, two 12-task seeds) had function tasks at 1.37x
         # / 1.18x against 1.26x / 0.91x for the adaptive schedule, single-line 1.02x / 1.08x (README).
-        return default, draft or None, SMOLLM2_OPTIONS if not draft else {}
+        return default, draft or None, {None: SMOLLM2_OPTIONS, "": SMOLLM2_OPTIONS, "eagle": SMOLLM2_EAGLE_OPTIONS}.get(draft, {})
     if target == TINY:
         pair = tiny_pair()
         if pair is None:

