@@ -49,11 +49,14 @@ def resolve(target: str | None, draft: str | None = None) -> tuple[str, str | No
         # Its EAGLE draft (engine/models/eagle, `draft = "eagle"`) is opt-in: in `draftline bench scenarios
         # --draft eagle` (2026-12-06, seeds 0 and 1) the n-gram copy alone (function tasks 1.36 / 1.35x)
         # and the hybrid with the draft (1.30 / 1.40x) were within noise, and the copy won single lines.
-        # n-gram drafting pays on multi-line answers and not on one-line ones (~9 tokens). Three tokens at a time, copied after 2+ matching tokens: a verify
-        # is then one of the int4 kernel's 4-row blocks (5 rows cost 2.4 steps, 4 rows 1.7), and
-        # `draftline bench scenarios` (int4, 2026-12-06, two 12-task seeds) had function tasks at 1.37x
-        # / 1.18x against 1.26x / 0.91x for the adaptive schedule, single-line 1.02x / 1.08x (README).
-        return default, draft or None, {None: SMOLLM2_OPTIONS, "": SMOLLM2_OPTIONS, "eagle": SMOLLM2_EAGLE_OPTIONS}.get(draft, {})
+        # n-gram drafting pays on multi-line answers and not on one-line ones (~9 tokens). Three tokens
+        # at a time, copied after 2+ matching tokens: a verify is then one of the int4 kernel's 4-row
+        # blocks (5 rows cost 2.4 steps, 4 rows 1.7), and `draftline bench scenarios` (int4, 2026-12-06,
+        # two 12-task seeds) had function tasks at 1.37x / 1.18x against 1.26x / 0.91x for the adaptive
+        # schedule, single-line 1.02x / 1.08x (README).
+        if not draft:
+            return default, None, SMOLLM2_OPTIONS
+        return default, draft, SMOLLM2_EAGLE_OPTIONS if draft == "eagle" else {}
     if target == TINY:
         pair = tiny_pair()
         if pair is None:

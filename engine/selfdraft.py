@@ -91,6 +91,7 @@ class SelfDraftLM(LeanLM):
         self.layers = target.layers[:layers]
         self.set_cache(torch.zeros_like(target.kv[:layers]))  # (layers, k|v, KVH, L, D), the target's dtype and length
         self.tokens, self.forwards, self._tree = [], 0, None
+        self.hidden = None  # never the target's feature buffer (LeanLM.keep_hidden): its layers' outputs are not the target's
         self.head_ids: torch.Tensor | None = None
         if head_ids is not None:
             ids = torch.as_tensor(head_ids, dtype=torch.long).unique()  # sorted, unique

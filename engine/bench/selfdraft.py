@@ -45,27 +45,6 @@ def _step_costs(target: LeanLM, drafts: dict[str, SelfDraftLM], context: list[in
     return out
 
 
-class _PairSteps:
-    """An EAGLE draft (engine.eagle.EagleLM) behind the forward/truncate/reset of a plain LM, for
-    _step_costs: a context's pairs read the target's features; a step reads the last guessed feature,
-    as a draft's second guess does."""
-
-    def __init__(self, lm, target: LeanLM):
-        self.lm, self.target = lm, target
-
-    def reset(self) -> None:
-        self.lm.reset()
-
-    def truncate(self, n: int) -> None:
-        self.lm.truncate(n)
-
-    def forward(self, tokens: list[int], keep_logits: int = 1):
-        n = len(self.lm.tokens)
-        if n == 0:  # the context: the target holds it (it ran first), so its features are there
-            return self.lm.forward_pairs(tokens, self.target.hidden[: len(tokens)], keep_logits)
-        return self.lm.forward_pairs(tokens, self.lm.hidden[n - 1 : n], keep_logits)
-
-
 def _eagle_agreement(lm, target: LeanLM, prompt: list[int], answer: list[int]) -> tuple[int, int]:
     """_agreement for an EAGLE draft: pair p (the target's feature at p, token p + 1) guesses token
     p + 2; the target's features along prompt + answer come from its own forwards (decode-sized pieces)."""
@@ -166,7 +145,8 @@ def measure(target: str = "", layers: Sequence[int] = (4, 8, 12), heads: Sequenc
 
     # 1. one draft step vs one target step at the first prompt's context
     context = engine.prompt_for(requests[0]).tokens
-    costs = _step_costs(lean, {**drafts, **({"eagle": _PairSteps(eagle_lm, lean)} if eagle_lm else {})}, context, steps)
+    # an EAGLE draft's plain forward reads the target's features at its positions (the target runs first)
+    costs = _step_costs(lean, {**drafts, **({"eagle": eagle_lm} if eagle_lm else {})}, context, steps)
     if eagle_lm is not None:
         costs["eagle+ngram"] = costs["eagle"]
     print(f"step cost at {len(context)} tokens of context: target {costs['target']['ms']:.1f} ms (median)",

@@ -67,7 +67,7 @@ class EagleDraftModule(torch.nn.Module):
         self.down = torch.nn.Linear(ffn, hidden, bias=False)
 
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps).to(x.dtype) * w
+        return unit_rms(x, self.eps) * w
 
     def _attention_inputs(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         b, t, _ = x.shape
@@ -158,8 +158,7 @@ class _Frozen:
         self.cos, self.sin = lm.cos.float(), lm.sin.float()
 
     def logits(self, f: torch.Tensor, full: bool = False) -> torch.Tensor:
-        normed = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + self.eps) * self.norm
-        return normed @ (self.full_head if full else self.head).T
+        return (unit_rms(f, self.eps) * self.norm) @ (self.full_head if full else self.head).T
 
 
 def _loss(model: EagleDraftModule, fz: _Frozen, toks: torch.Tensor, feats: torch.Tensor, cfg: EagleTrainConfig,

@@ -246,3 +246,14 @@ def test_bench_agreement_counts_the_drafters_first_guesses():
         target.prefill(prompt + answer[: j - 1])
         want += int(drafter.propose(prompt + answer[:j], 1) == [answer[j]])
     assert n == len(answer) - 1 and matches == want
+
+
+def test_a_self_draft_never_writes_the_targets_features():
+    from engine.selfdraft import SelfDraftLM
+
+    target = _target(_model("none"))
+    target.prefill(PROMPTS[2])
+    before = target.keep_hidden().clone()
+    draft = SelfDraftLM(target, 1)
+    draft.forward(PROMPTS[2])
+    assert draft.hidden is None and torch.equal(target.hidden, before)
