@@ -203,13 +203,19 @@ class _Watch:
                 self._shut()
 
     def stop(self) -> None:
-        self._done.set()
+        with self._lock:  # after this the socket may be a pooled connection's next request: never shut it
+            self._done.set()
 
     def _run(self) -> None:
-        while not self._done.wait(WATCH_POLL_S):
-            if self.cancel.is_set() or time.monotonic() >= self.deadline:
+        # waits on the cancel event itself, so a keystroke shuts the socket at once (a poll would add up to
+        # WATCH_POLL_S, a third of a streamed token on a fast server); the deadline and stop() are polled
+        while not self._done.is_set():
+            cancelled = self.cancel.wait(WATCH_POLL_S)
+            if cancelled or time.monotonic() >= self.deadline:
                 with self._lock:
-                    self.fired = "cancelled" if self.cancel.is_set() else "timeout"
+                    if self._done.is_set():
+                        return
+                    self.fired = "cancelled" if cancelled else "timeout"
                     self._shut()
                 return
 
@@ -246,6 +252,7 @@ class RemoteEngine:
         self.stats = RemoteStatus()
         self._paused_until = 0.0
         self.last_prompt = ""
+        self.streamed = 0  # pieces of the current (or last) stream so far; other threads may read it
 
     # -- the seam ----------------------------------------------------------------------------------
     def complete(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult:
@@ -322,6 +329,7 @@ class RemoteEngine:
         rules = _StopRules(pieces, self._stop_strings(request), max_lines, request.limits.time_budget_s,
                            request.limits.min_indent)
         reason, done = "", False
+        self.streamed = 0
         watch = _Watch(cancel, time.monotonic() + self.cfg.timeout_ms / 1e3)
         try:
             with self.client.stream("POST", self.endpoint, json=body, extensions={"trace": watch.trace}) as response:
@@ -343,6 +351,7 @@ class RemoteEngine:
                     if not pieces.items:
                         stats.prefill_s = time.perf_counter() - started  # time to the first token
                     pieces.items.append(value)
+                    self.streamed += 1
                     if cancel.is_set():
                         reason = "cancelled"
                         break

@@ -84,6 +84,8 @@ class SSEServer:
         self.requests: list[dict] = []  # {"headers": ..., "body": ...}
         self.connections = 0
         self.sent = 0  # chunks written, over all requests
+        self.delay_s = 0.0  # before each chunk: the time a token takes (bench remote-cancel's tests)
+        self.active = 0  # requests being answered (GET /metrics, as llama-server's --metrics names them)
         self.sent_at_cancel: int | None = None  # tests set this to `sent` when they cancel
         self.disconnects = threading.Event()  # a client went away mid-stream and the server saw it
         self.chunk_sent = threading.Condition()
@@ -134,7 +136,25 @@ class SSEServer:
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
                 server.requests.append({"path": self.path, "headers": dict(self.headers), "body": body})
-                getattr(self, "mode_" + server.mode)(body)
+                with server._lock:
+                    server.active += 1
+                try:
+                    getattr(self, "mode_" + server.mode)(body)
+                finally:
+                    with server._lock:
+                        server.active -= 1
+
+            def do_GET(self):  # /metrics: chunks sent so far and requests in progress, in llama-server's names
+                if self.path != "/metrics":
+                    self.send_error(404)
+                    return
+                payload = (f"llamacpp:tokens_predicted_total {server.sent}\n"
+                           f"llamacpp:requests_processing {server.active}\n").encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
 
             # -- behaviours --------------------------------------------------------------------
             def mode_ok(self, body):
@@ -237,6 +257,8 @@ class SSEServer:
                 """One token; False once the client has gone (the server stops generating)."""
                 if server.gate is not None and not server.gate.acquire(timeout=30):
                     return False
+                if server.delay_s:
+                    time.sleep(server.delay_s)  # the token's forward
                 if self.client_gone():
                     server.disconnects.set()
                     return False

@@ -19,6 +19,7 @@ BENCHES = {
     "routing": ("engine.bench.routing", "line model, block model and the router between them: latency, quality"),
     "selfdraft": ("engine.bench.selfdraft", "self-speculation (the target's first layers as the draft) vs plain and n-gram"),
     "llama-server": ("engine.bench.llama_server", "draftline's default path vs llama.cpp's llama-server on the same GGUF"),
+    "remote-cancel": ("engine.bench.remote_cancel", "tokens a remote server decodes after a keystroke cancels its stream"),
     "quant": ("engine.bench.quant", "the lean decoder's decode/verify weights (none, int8, int4) on one model, interleaved"),
     "scenarios": ("lsp_server.bench.scenarios", "single-line / function / refactor tasks per mode, plots and table"),
     "context": ("lsp_server.bench.context", "is the needed definition in the prompt at a first use, and does it help"),

@@ -65,14 +65,14 @@ def _free_port() -> int:
 class Server:
     """A llama-server on loopback for the bench's lifetime."""
 
-    def __init__(self, binary: str, gguf: str, threads: int, context: int = 4096):
+    def __init__(self, binary: str, gguf: str, threads: int, context: int = 4096, extra: list[str] | None = None):
         import httpx
 
         self.port = _free_port()
         self.log = tempfile.NamedTemporaryFile(prefix="draftline-llama-server-", suffix=".log", delete=False)
         self.proc = subprocess.Popen(
             [binary, "-m", gguf, "-t", str(threads), "-c", str(context), "-np", "1", "--host", "127.0.0.1",
-             "--port", str(self.port)], stdout=self.log, stderr=subprocess.STDOUT)
+             "--port", str(self.port), *(extra or [])], stdout=self.log, stderr=subprocess.STDOUT)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", timeout=120)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
