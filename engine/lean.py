@@ -43,6 +43,42 @@ INT8_MAX_ROWS = 32
 QUANT_CACHE_VERSION = 1  # bump when Linear's int8 or int4 recipe changes
 
 
+_FP32_DENSE: bool | None = None
+
+
+def dense_in_float32() -> bool:
+    """Should a CPU's long bf16 GEMMs (prefill chunks) run in float32 instead? True where oneDNN has no
+    bf16 kernels for this CPU (`torch.ops.mkldnn._is_mkldnn_bf16_supported()` False: AVX2 machines,
+    e.g. AMD Zen 2/3 and most laptops): there torch falls back to a reference bf16 GEMM. On such a
+    2-core AVX2 VM (2026-12-06) a 256-row gate/up projection took 53 ms in bf16 and 7 ms in float32,
+    and a 512-token SmolLM2 prefill 6.6 s; CPUs with AVX-512 or AMX keep bf16, which was faster there.
+    DRAFTLINE_DENSE_FP32=1/0 overrides the check."""
+    global _FP32_DENSE
+    if _FP32_DENSE is None:
+        forced = os.environ.get("DRAFTLINE_DENSE_FP32", "")
+        if forced in ("0", "1"):
+            _FP32_DENSE = forced == "1"
+        else:
+            try:
+                _FP32_DENSE = not torch.ops.mkldnn._is_mkldnn_bf16_supported()
+            except (AttributeError, RuntimeError):
+                _FP32_DENSE = False
+        if _FP32_DENSE:
+            log.info("this CPU has no fast bf16 GEMM: long (prefill) matmuls run in float32")
+    return _FP32_DENSE
+
+
+def dense_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T (+ b) for a dense weight; a bf16 GEMM on a CPU without bf16 kernels runs in float32 (the
+    weight converted on the fly: ~0.13 ms for a 576x1536 matrix, no second copy kept) and is
+    rounded back to bf16, as the bf16 kernel rounds its float32 accumulators. Only for more than
+    INT8_MAX_ROWS rows: shorter ones (decode, verify) keep their kernels, so a verify row stays the
+    bits of a decode step, and a one-row bf16 GEMV reads half float32's bytes."""
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.shape[0] > INT8_MAX_ROWS and dense_in_float32():
+        return torch.nn.functional.linear(x.float(), w.float(), None if b is None else b.float()).to(x.dtype)
+    return torch.nn.functional.linear(x, w, b)
+
+
 class Linear:
     """y = x W^T (+ b) with dense weights, and optionally int8 or int4 weights for short inputs.
 
@@ -79,7 +115,7 @@ class Linear:
             else:
                 y = torch._weight_int8pack_mm(x, self.q, self.s)
             return y + self.b if self.b is not None else y
-        return torch.nn.functional.linear(x, self.w, self.b)
+        return dense_linear(x, self.w, self.b)
 
 
 def int4_fits(w: torch.Tensor) -> bool:

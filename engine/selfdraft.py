@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from engine.lean import INT8_MAX_ROWS, LeanLM, Linear
+from engine.lean import INT8_MAX_ROWS, LeanLM, Linear, dense_linear
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class SubsetHead:
         if self.q is not None and x.shape[0] <= INT8_MAX_ROWS:
             y = torch._weight_int8pack_mm(x, self.q, self.s)
         elif self.w is not None:
-            y = torch.nn.functional.linear(x, self.w)
+            y = dense_linear(x, self.w)
         else:
             y = self.full(x).index_select(-1, self.ids)
         return y.new_full((x.shape[0], self.vocab), float("-inf")).index_copy_(1, self.ids, y)

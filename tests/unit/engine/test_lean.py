@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from engine.drafters import ModelDrafter, NgramDrafter
-from engine.lean import LeanLM
+from engine.lean import LeanLM, dense_linear
 from engine.speculative import FixedGamma, generate
 from tests.unit.engine.conftest import CPU, cached, naive_greedy, tiny_model
 
@@ -91,7 +91,41 @@ def test_quantized_rows_have_the_same_bits_alone_or_together(quant, tolerance):
     dense = torch.nn.functional.linear(x.float(), lin.w.float())
     assert (together.float() - dense).abs().max() < tolerance * dense.abs().max()  # close to the dense weights
     long = torch.randn(INT8_MAX_ROWS + 1, 64, dtype=torch.bfloat16)
-    assert torch.equal(lin(long), torch.nn.functional.linear(long, lin.w))  # prefill chunks use the dense weights
+    assert torch.equal(lin(long), dense_linear(long, lin.w))  # prefill chunks use the dense weights
+
+
+@pytest.mark.parametrize("fp32", [True, False])
+def test_long_bf16_matmuls_run_in_float32_where_the_cpu_has_no_bf16_gemm(monkeypatch, fp32):
+    """A CPU without oneDNN bf16 kernels (AVX2) takes prefill chunks in float32, rounded back to bf16;
+    decode and verify rows keep their kernels either way (the bits speculation relies on)."""
+    import engine.lean as lean
+
+    monkeypatch.setattr(lean, "_FP32_DENSE", fp32)
+    torch.manual_seed(1)
+    w = torch.randn(48, 64, dtype=torch.bfloat16)
+    long = torch.randn(lean.INT8_MAX_ROWS + 1, 64, dtype=torch.bfloat16)
+    in32 = torch.nn.functional.linear(long.float(), w.float()).to(torch.bfloat16)
+    in16 = torch.nn.functional.linear(long, w)
+    got = lean.dense_linear(long, w)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, in32 if fp32 else in16)
+    assert torch.allclose(got.float(), in16.float(), rtol=0.02, atol=0.02 * in16.abs().max().item())
+    short = long[: lean.INT8_MAX_ROWS]
+    assert torch.equal(lean.dense_linear(short, w), torch.nn.functional.linear(short, w))
+    for quant in ("none", "int8", "int4"):
+        lin = lean.Linear(w, quant=quant)
+        assert torch.equal(lin(long), got)  # every recipe's long rows take the dense path
+
+
+def test_the_float32_switch_follows_the_environment(monkeypatch):
+    import engine.lean as lean
+
+    for value, want in (("1", True), ("0", False)):
+        monkeypatch.setattr(lean, "_FP32_DENSE", None)
+        monkeypatch.setenv("DRAFTLINE_DENSE_FP32", value)
+        assert lean.dense_in_float32() is want
+    monkeypatch.setattr(lean, "_FP32_DENSE", None)
+    monkeypatch.delenv("DRAFTLINE_DENSE_FP32")
+    assert lean.dense_in_float32() is (not torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def test_int4_leaves_what_its_kernel_cannot_take_to_int8():
