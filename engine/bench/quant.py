@@ -5,6 +5,10 @@ quant in turn (interleaved, so a noisy machine slows all alike) prefills the pro
 `--max-new` tokens greedily one at a time, and runs a verify forward of `--verify` rows. Prints
 ms/token, verify ms, each against int8's in the same run, and how many greedy tokens each quant
 shares with the dense bf16 weights before the first difference (weights change answers, not just speed).
+
+Prefill (forwards longer than INT8_MAX_ROWS take the dense weights whatever the quant): each prompt is
+also prefilled with those matmuls in bf16 and in float32 (engine.lean.dense_linear), interleaved, on
+the int8 arm; the line says which one this CPU gets by default.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def run_bench_quant(args: argparse.Namespace) -> int:
 
     from engine.bundled import default_target
     from engine.engine import load_engine
+    import engine.lean as lean
     from engine.lean import LeanLM
 
     if args.threads:
@@ -55,8 +60,21 @@ def run_bench_quant(args: argparse.Namespace) -> int:
     decode = {q: [] for q in lms}
     verify = {q: [] for q in lms}
     agree = {q: [] for q in lms}
+    prefill = {"bf16": [], "float32": []}
+    prompt_tokens = []
+    default_fp32 = lean.dense_in_float32()
     for _, prefix, _ in held_out_prompts(args.prompts, args.prompt_chars, args.seed):
         prompt = tok.encode(prefix, add_special_tokens=False)
+        prompt_tokens.append(len(prompt))
+        try:
+            for arm in prefill:
+                lean._FP32_DENSE = arm == "float32"
+                base.reset()
+                started = time.perf_counter()
+                base.forward(prompt, keep_logits=1)
+                prefill[arm].append((time.perf_counter() - started) * 1e3)
+        finally:
+            lean._FP32_DENSE = default_fp32
         outs = {}
         for q, lm in lms.items():
             lm.reset()
@@ -84,7 +102,11 @@ def run_bench_quant(args: argparse.Namespace) -> int:
                       f"verify_{args.verify}_rows_ms": round(statistics.median(verify[q]), 2),
                       "verify_in_decode_steps": round(statistics.median(verify[q]) / med[q], 2),
                       "tokens_equal_to_dense_before_first_difference": round(statistics.mean(agree[q]), 1)}
-                  for q in lms}}
+                  for q in lms},
+              "prefill": {"prompt_tokens_mean": round(statistics.mean(prompt_tokens), 1),
+                          "default": "float32" if default_fp32 else "bf16",
+                          **{f"{arm}_ms": round(statistics.median(v), 1) for arm, v in prefill.items()},
+                          "bf16_over_float32": round(statistics.median(prefill["bf16"]) / statistics.median(prefill["float32"]), 2)}}
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -94,4 +116,7 @@ def run_bench_quant(args: argparse.Namespace) -> int:
                   f"verify {args.verify} rows {r[f'verify_{args.verify}_rows_ms']:6.2f} ms "
                   f"({r['verify_in_decode_steps']:.2f} decode steps)  "
                   f"same greedy tokens as dense: {r['tokens_equal_to_dense_before_first_difference']}")
+        pf = report["prefill"]
+        print(f"prefill of {pf['prompt_tokens_mean']:.0f} tokens (mean): dense matmuls in bf16 {pf['bf16_ms']} ms, in "
+              f"float32 {pf['float32_ms']} ms ({pf['bf16_over_float32']:.2f}x); this CPU's default: {pf['default']}")
     return 0

@@ -33,3 +33,8 @@ def test_bench_quant_json(model_dirs, capsys):
         assert arm["decode_ms_per_token"] > 0 and arm["verify_3_rows_ms"] > 0
     assert report["arms"]["int8"]["vs_int8"] == 1.0
     assert report["arms"]["none"]["tokens_equal_to_dense_before_first_difference"] == 6
+    prefill = report["prefill"]
+    assert prefill["bf16_ms"] > 0 and prefill["float32_ms"] > 0 and prefill["prompt_tokens_mean"] > 0
+    import engine.lean as lean
+
+    assert prefill["default"] == ("float32" if lean.dense_in_float32() else "bf16")  # the bench put the switch back
