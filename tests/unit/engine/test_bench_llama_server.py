@@ -41,3 +41,5 @@ def test_bench_against_a_real_llama_server(capsys):
     assert set(engines) == {"llama-server", "draftline-plain", "draftline-ngram-adaptive", "draftline-default"}
     assert engines["llama-server"]["vs_llama_server_decode"] == 1.0
     assert all(e["tokens_mean"] >= 1 and e["first_token_ms"] > 0 for e in engines.values())
+    assert engines["draftline-plain"]["same_as_plain"] == 1  # plain against itself
+    assert engines["draftline-default"]["same_as_plain"] == 1  # speculation on the lean decoder is lossless
