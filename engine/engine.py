@@ -38,6 +38,14 @@ class EngineConfig:
     # (budget.total), snippet_share (budget.snippet_share), remember_completions, and SpecConfig's
 
 
+# code that a row probe (engine.llamacpp.batched_rows_differ) runs through a backend at load
+ROW_PROBE_TEXT = (
+    "import json\nfrom pathlib import Path\n\n\ndef load(path):\n    \"\"\"Read a JSON file of records.\"\"\"\n"
+    "    with open(path) as fh:\n        data = json.load(fh)\n    return [dict(r, source=str(path)) for r in data]\n\n\n"
+    "class Store:\n    def __init__(self, root):\n        self.root = Path(root)\n        self.items = {}\n\n"
+    "    def add(self, key, value):\n        self.items[key] = value\n        return value\n")
+
+
 class Engine:
     """Owns the target, the draft, their caches and the drafters; one caller thread at a time."""
 
@@ -59,6 +67,18 @@ class Engine:
         self.prompts = PromptBuilder(template, tok, budget)
         self.capacity = capacity
         self.eos = self.prompts.stop_ids()
+        # a backend whose batched rows may not be the decode steps (llama.cpp on a quantized GGUF) is
+        # probed once; where they differ, speculation would change answers, so it is left off
+        self.speculation_off = ""
+        if getattr(self.target_lm, "rows_need_probe", False):
+            from engine.llamacpp import batched_rows_differ
+
+            probe = tok.encode(ROW_PROBE_TEXT, add_special_tokens=False)
+            if (diff := batched_rows_differ(self.target_lm, probe)) > 0.0:
+                self.speculation_off = (f"{type(self.target_lm).__name__}: a verify forward's logits differ from "
+                                        f"one-at-a-time decoding by up to {diff:.3g}")
+                log.warning("%s; speculation is off on this backend (plain greedy decoding), so that answers "
+                            "stay what the model alone gives", self.speculation_off)
         self.ngram = NgramDrafter()
         self.model_drafter = ModelDrafter(self.draft_lm) if self.draft_lm else None
         self.hybrid = HybridDrafter(self.ngram, self.model_drafter, config.spec.min_ngram) if self.model_drafter else None
@@ -93,6 +113,8 @@ class Engine:
         return self.prompts.template
 
     def drafter_for(self, spec: SpecConfig) -> Drafter | None:
+        if self.speculation_off:
+            return None
         if spec.drafter == "ngram":
             return self.ngram
         if spec.drafter in ("draft", "hybrid") and self.model_drafter is None:
@@ -124,7 +146,7 @@ class Engine:
                            healed=heal)
         if request.mode == "single-line" and spec.single_line_drafter:
             spec = dataclasses.replace(spec, drafter=spec.single_line_drafter)
-        drafter = drafter or self.drafter_for(spec)
+        drafter = None if self.speculation_off else (drafter or self.drafter_for(spec))
         self.ngram.set_extra(list(self.history))
         self.ngram.min_n = spec.ngram_min
         if self.model_drafter:

@@ -128,3 +128,55 @@ def test_bench_peers_json(ggufs, model_dirs, capsys):
     for name, e in report["engines"].items():
         assert {"ms_per_token", "prefill_ms", "speedup_vs_llamacpp", "identical_to_own_greedy"} <= e.keys()
         assert e["identical_to_own_greedy"] is True, name
+
+
+class _RowsDiffer:
+    """A LeanLM whose forwards of several tokens come out slightly off, as llama.cpp's batched
+    kernels do on a quantized GGUF; marked for the engine's row probe like LlamaCppLM."""
+
+    rows_need_probe = True
+
+    def __init__(self, lm, offset: float):
+        self._lm, self.offset = lm, offset
+
+    def __getattr__(self, name):
+        return getattr(self._lm, name)
+
+    def forward(self, new_tokens, keep_logits=None):
+        out = self._lm.forward(new_tokens, keep_logits)
+        return out + self.offset if len(new_tokens) > 1 else out
+
+    def prefill(self, tokens, cancel=None):
+        from engine.model import prefill_reusing
+
+        return prefill_reusing(self, tokens, cancel)
+
+
+def test_the_row_probe_measures_batched_against_single_rows(model_dirs):
+    from engine.engine import load_engine
+    from engine.llamacpp import batched_rows_differ
+
+    lm = load_engine(str(model_dirs["target"]), None, dtype="float32").target_lm  # the lean decoder
+    ids = [(7 * i) % 90 + 3 for i in range(60)]
+    assert batched_rows_differ(_RowsDiffer(lm, 0.0), ids) < 1e-4  # float32 lean: the same up to rounding
+    assert batched_rows_differ(_RowsDiffer(lm, 0.25), ids) == pytest.approx(0.25, abs=1e-3)
+    assert lm.tokens == []  # the probe leaves the cache empty
+
+
+@pytest.mark.parametrize("offset", [0.0, 0.25])
+def test_a_backend_whose_batched_rows_differ_gets_no_speculation(model_dirs, monkeypatch, offset):
+    import engine.engine as engine_mod
+    from engine.types import CompletionRequest, Limits, SpecConfig
+
+    real = engine_mod.make_lm
+    monkeypatch.setattr(engine_mod, "make_lm", lambda *a, **kw: _RowsDiffer(real(*a, **kw), offset))
+    # int8 rows on the lean decoder are bit-exact alone or together: the probe finds 0.0 without the offset
+    engine = engine_mod.load_engine(str(model_dirs["target"]), None, dtype="bfloat16", quant="int8")
+    request = CompletionRequest(prefix="def f(a, b):\n    return a + b\n\ndef g(a, b):\n    return ", limits=Limits(max_tokens=12))
+    result = engine.complete(request, threading.Event(), SpecConfig(drafter="ngram"))
+    if offset:
+        assert "differ from one-at-a-time decoding" in engine.speculation_off
+        assert engine.drafter_for(SpecConfig(drafter="ngram")) is None
+        assert result.stats.target_forwards == result.stats.generated_tokens  # one forward a token: plain
+    else:
+        assert engine.speculation_off == "" and engine.drafter_for(SpecConfig(drafter="ngram")) is engine.ngram
