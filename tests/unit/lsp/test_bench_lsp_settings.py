@@ -1,0 +1,20 @@
+"""`draftline bench lsp`'s settings: what its flags put into the server's initializationOptions."""
+
+from __future__ import annotations
+
+import argparse
+
+from lsp_server.bench.lsp import bench_settings
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(no_index=False, target=None, draft=None, backend=None, remote=None, remote_model="", remote_key_env="",
+                debounce_ms=None)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_backend_reaches_model_options_and_is_absent_unless_asked():
+    assert "options" not in bench_settings(_args(), remote=False)["model"]
+    settings = bench_settings(_args(backend="llamacpp", target="x.gguf"), remote=False)
+    assert settings["model"] == {"target": "x.gguf", "options": {"backend": "llamacpp"}}
+    assert settings["index"] == {"enabled": True}
