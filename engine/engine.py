@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
-from engine.model import CachedLM, LoadedModel, load_model
+from engine.model import CachedLM, LoadedModel, batched_rows_differ, load_model
 from engine.prompt import TEMPLATES, Prompt, PromptBudget, PromptBuilder, detect_template
 from engine.speculative import AdaptiveGamma, AstAdaptiveGamma, FixedGamma, GrowingGamma, generate
 from engine.stops import MAX_LOOP_LINES, REPEATED_LINES, _repetition_end, _scope_end, _StopRules  # noqa: F401 (also imported from here)
@@ -38,7 +38,7 @@ class EngineConfig:
     # (budget.total), snippet_share (budget.snippet_share), remember_completions, and SpecConfig's
 
 
-# code that a row probe (engine.llamacpp.batched_rows_differ) runs through a backend at load
+# code that a row probe (engine.model.batched_rows_differ) runs through a backend at load
 ROW_PROBE_TEXT = (
     "import json\nfrom pathlib import Path\n\n\ndef load(path):\n    \"\"\"Read a JSON file of records.\"\"\"\n"
     "    with open(path) as fh:\n        data = json.load(fh)\n    return [dict(r, source=str(path)) for r in data]\n\n\n"
@@ -71,8 +71,6 @@ class Engine:
         # probed once; where they differ, speculation would change answers, so it is left off
         self.speculation_off = ""
         if getattr(self.target_lm, "rows_need_probe", False):
-            from engine.llamacpp import batched_rows_differ
-
             probe = tok.encode(ROW_PROBE_TEXT, add_special_tokens=False)
             if (diff := batched_rows_differ(self.target_lm, probe)) > 0.0:
                 self.speculation_off = (f"{type(self.target_lm).__name__}: a verify forward's logits differ from "

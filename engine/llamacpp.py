@@ -198,33 +198,10 @@ class _EmbeddingRows:
         return self
 
 
-def batched_rows_differ(lm: Any, ids: Sequence[int], rows: int = 8, offsets: Sequence[int] = (0.3, 0.9)) -> float:
-    """The largest |difference| between the logits of a `rows`-token forward and the same tokens decoded
-    one at a time, at a few offsets into `ids` (2 .. rows tokens each). 0.0: a verify forward's rows are
-    the decode steps of plain greedy, and speculation on this model is lossless.
-
-    Not so for every GGUF: on SmolLM2's Q4_1 file (llama-cpp-python 0.3.36, AVX2) a batch of 2-12 rows
-    gave logits 0.4-0.9 away from one-at-a-time decoding, and n-gram speculation changed 6 of 12
-    held-out answers (`draftline bench llama-server --backend llamacpp`). f32 files of the tiny pair
-    were exact."""
-    worst = 0.0
-    for frac in offsets:
-        base = max(1, min(len(ids) - rows, int(len(ids) * frac) - rows))
-        lm.reset()
-        lm.forward(list(ids[:base]), keep_logits=1)
-        singles = torch.cat([lm.forward([t])[-1:] for t in ids[base : base + rows]])
-        for n in range(2, rows + 1):
-            lm.truncate(base)
-            batched = lm.forward(list(ids[base : base + n]))
-            worst = max(worst, float((batched - singles[:n]).abs().max()))
-    lm.reset()
-    return worst
-
-
 class LlamaCppLM:
     """Drop-in for CachedLM/LeanLM on llama.cpp: tokens, forwards, capacity, truncate, forward, prefill, reset."""
 
-    rows_need_probe = True  # engine.Engine checks batched_rows_differ before it lets a drafter verify here
+    rows_need_probe = True  # engine.Engine checks engine.model.batched_rows_differ before a drafter verifies here
 
     def __init__(self, gguf: str | os.PathLike, *, n_ctx: int = 4096, n_threads: int | None = None,
                  n_batch: int = 512, vocab_limit: int | None = None, kv_type: str = "f16",

@@ -149,6 +149,29 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 CANCEL_CHUNK = 256
 
 
+def batched_rows_differ(lm: Any, ids: Sequence[int], rows: int = 8, offsets: Sequence[float] = (0.3, 0.9)) -> float:
+    """The largest |difference| between the logits of a `rows`-token forward and the same tokens decoded
+    one at a time, at a few offsets into `ids` (2 .. rows tokens each). 0.0: a verify forward's rows are
+    the decode steps of plain greedy, and speculation on this model is lossless.
+
+    Not so for every GGUF: on SmolLM2's Q4_1 file (llama-cpp-python 0.3.36, AVX2) a batch of 2-12 rows
+    gave logits 0.4-0.9 away from one-at-a-time decoding, and n-gram speculation changed 6 of 12
+    held-out answers (`draftline bench llama-server --backend llamacpp`). f32 files of the tiny pair
+    were exact."""
+    worst = 0.0
+    for frac in offsets:
+        base = max(1, min(len(ids) - rows, int(len(ids) * frac) - rows))
+        lm.reset()
+        lm.forward(list(ids[:base]), keep_logits=1)
+        singles = torch.cat([lm.forward([t])[-1:] for t in ids[base : base + rows]])
+        for n in range(2, rows + 1):
+            lm.truncate(base)
+            batched = lm.forward(list(ids[base : base + n]))
+            worst = max(worst, float((batched - singles[:n]).abs().max()))
+    lm.reset()
+    return worst
+
+
 def prefill_reusing(lm, tokens: Sequence[int], cancel: threading.Event | None = None) -> tuple[torch.Tensor | None, int]:
     """Make `lm` (CachedLM or LeanLM) hold `tokens`, reusing the longest common prefix exactly.
 

@@ -252,7 +252,7 @@ class RemoteEngine:
         self.stats = RemoteStatus()
         self._paused_until = 0.0
         self.last_prompt = ""
-        self.streamed = 0  # pieces of the current (or last) stream so far; other threads may read it
+        self._pieces = _Pieces()  # the current (or last) stream's pieces
 
     # -- the seam ----------------------------------------------------------------------------------
     def complete(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult:
@@ -277,6 +277,11 @@ class RemoteEngine:
             log.info("remote %s answers again after %d failure(s)", self.endpoint, self.stats.consecutive_failures)
         self.stats.state, self.stats.consecutive_failures = "ok", 0
         return result
+
+    @property
+    def streamed(self) -> int:
+        """Pieces of the current (or last) stream so far; other threads may read it (bench remote-cancel)."""
+        return len(self._pieces.items)
 
     def status(self) -> dict[str, Any]:
         s = self.stats
@@ -324,12 +329,11 @@ class RemoteEngine:
         started = time.perf_counter()
         stats = CompletionStats()
         body = self.body(request)
-        pieces = _Pieces()
+        pieces = self._pieces = _Pieces()
         max_lines = 1 if request.mode == "single-line" else request.limits.max_lines
         rules = _StopRules(pieces, self._stop_strings(request), max_lines, request.limits.time_budget_s,
                            request.limits.min_indent)
         reason, done = "", False
-        self.streamed = 0
         watch = _Watch(cancel, time.monotonic() + self.cfg.timeout_ms / 1e3)
         try:
             with self.client.stream("POST", self.endpoint, json=body, extensions={"trace": watch.trace}) as response:
@@ -351,7 +355,6 @@ class RemoteEngine:
                     if not pieces.items:
                         stats.prefill_s = time.perf_counter() - started  # time to the first token
                     pieces.items.append(value)
-                    self.streamed += 1
                     if cancel.is_set():
                         reason = "cancelled"
                         break

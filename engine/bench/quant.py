@@ -41,7 +41,6 @@ def run_bench_quant(args: argparse.Namespace) -> int:
     from engine.bundled import default_target
     from engine.engine import load_engine
     import engine.lean as lean
-    from engine.lean import LeanLM
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -51,10 +50,10 @@ def run_bench_quant(args: argparse.Namespace) -> int:
         return 2
     engine = load_engine(target, quant="int8", drafter="none")
     base = engine.target_lm
-    if not isinstance(base, LeanLM):
+    if not isinstance(base, lean.LeanLM):
         print(f"bench quant: {target} does not run on the lean decoder", file=sys.stderr)
         return 2
-    lms = {q: base if q == "int8" else LeanLM(base.model, base.device, max_len=base.max_len, quant=q)
+    lms = {q: base if q == "int8" else lean.LeanLM(base.model, base.device, max_len=base.max_len, quant=q)
            for q in QUANT_ARMS}
     tok = engine.target.tokenizer
     decode = {q: [] for q in lms}

@@ -154,7 +154,7 @@ class _RowsDiffer:
 
 def test_the_row_probe_measures_batched_against_single_rows(model_dirs):
     from engine.engine import load_engine
-    from engine.llamacpp import batched_rows_differ
+    from engine.model import batched_rows_differ
 
     lm = load_engine(str(model_dirs["target"]), None, dtype="float32").target_lm  # the lean decoder
     ids = [(7 * i) % 90 + 3 for i in range(60)]
