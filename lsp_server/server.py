@@ -222,6 +222,12 @@ class Draftline:
             self.telemetry.recomputed_tokens += max(stats.prompt_tokens - stats.reused_tokens, 0)
             if done.result.cancelled:
                 self.telemetry.engine_cancelled += 1
+            if log.isEnabledFor(logging.DEBUG):  # `draftline -v serve`: what each engine run cost
+                ms = done.timings_ms
+                log.debug("completion v%d: prompt %d (reused %d), %d new, %s; retrieve %.0f prefill %.0f decode %.0f "
+                          "total %.0f ms", snap.version, stats.prompt_tokens, stats.reused_tokens,
+                          stats.generated_tokens, done.result.stop_reason, ms.get("retrieve", 0.0),
+                          ms.get("prefill", 0.0), ms.get("decode", 0.0), ms.get("total", 0.0))
             if monitor is not None:
                 monitor.observe_completion(done)
         if done is None or not done.text or (done.result and done.result.cancelled):

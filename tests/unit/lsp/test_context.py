@@ -99,7 +99,8 @@ def test_snippets_stay_the_same_while_typing_within_a_line():
     finder = ContextFinder(index, [], display_path)
     base = "from pkg.util import parse_config\nparse_config(x)\ny = "
     first = finder.snippets(build_context(base, "", base, "/w/a.py", "python", 8), 2, 2, 30)
-    for typed in ("m", "mo", "mod", "mode"):
+    # finished names and a type annotation on the line change `nearby` and the hint, not the snippets
+    for typed in ("m", "mo", "mod", "mode", "mode.", "mode.run(", "mode.run(parse_config", "mode.run(parse_config, x: "):
         text = base + typed
         assert finder.snippets(build_context(text, "", text, "/w/a.py", "python", 8), 2, 2, 30) == first
     assert index.searches == 1  # memoised: no search per keystroke
