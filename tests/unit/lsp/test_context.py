@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass
 
 from engine.fake import FakeEngine
+from engine.prompt import snippet_cost
 from engine.types import CompletionRequest
 from lsp_server.completer import Completer, build_request, context_for
 from lsp_server.index_handle import IndexHandle
@@ -107,6 +108,44 @@ def test_snippets_stay_the_same_while_typing_within_a_line():
     index.gen += 1  # another file changed in the index
     finder.snippets(build_context(base, "", base, "/w/a.py", "python", 8), 2, 2, 30)
     assert index.searches == 2
+
+
+class DriftingIndex(SymbolIndex):
+    """Retrieval that finds another chunk for every query, as BM25/dense do from line to line."""
+
+    def search(self, query, k, exclude=None):
+        self.searches += 1
+        n = len(query) % 50 + 1
+        return [Ch("/w/pkg/notes.py", n, n, f"# note {n}\n")]
+
+
+def test_a_new_line_keeps_the_block_while_it_shows_every_definition_the_line_points_at():
+    finder = ContextFinder(DriftingIndex(), [], display_path)
+    base = "from pkg.util import parse_config\nparse_config(x)\n"
+
+    def at(text: str, **kw):
+        return finder.snippets(build_context(text, "", text, "/w/a.py", "python", 8), 2, 2, 30, **kw)
+
+    first = at(base + "a = 1\n")
+    assert [s.path for s in first] == ["/w/pkg/util.py", "/w/pkg/notes.py"]
+    # the next line's retrieval finds another note; parse_config is still the only definition wanted
+    assert at(base + "a = 1\nbb = 22\n") is first
+    # a line that uses Model wants its definition, which the block lacks: chosen afresh
+    with_model = at(base + "a = 1\nbb = 22\nm = Model()\n")
+    assert with_model is not first and "/w/pkg/model.py" in [s.path for s in with_model]
+    # far below where it was chosen, the block is chosen afresh even when it would still do
+    far = base + "a = 1\nbb = 22\nm = Model()\n" + "z = 0\n" * 40
+    assert at(far) is not with_model
+    # a definition the prompt has no room for (snippet_tokens, counted by `count`) is not asked for
+    other = ContextFinder(DriftingIndex(), [], display_path)
+    small = snippet_cost(first[0], len) + 1  # room for parse_config's definition only
+
+    def on_b(text: str):
+        return other.snippets(build_context(text, "", text, "/w/b.py", "python", 8), 2, 2, 30, count=len,
+                              snippet_tokens=small)
+
+    kept = on_b(base + "a = 1\n")
+    assert on_b(base + "a = 1\nm = Model()\n") is kept
 
 
 def test_index_handle_generation_ignores_the_file_being_typed():
