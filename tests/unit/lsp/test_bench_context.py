@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import argparse
 
+import pytest
+
 from lsp_server.bench.context import _first_use, _run, make_tasks
 from tests.unit.lsp.test_digest import MAIN, SHAPES, UTIL  # noqa: F401 (the same small workspace)
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """One cache root for the module: the dense embedder is distilled into it once (~50 s on 2 cores),
+    not once per test; each test's index is keyed by its own workspace path."""
+    return tmp_path_factory.mktemp("cache")
 
 
 def workspace(root):
@@ -26,8 +35,8 @@ def test_first_use_skips_imports_strings_and_comments():
     assert _first_use(text, "/w/a.py", "g", 1) is None
 
 
-def test_tasks_and_report_through_the_product_path(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_tasks_and_report_through_the_product_path(tmp_path, monkeypatch, cache):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     root = workspace(tmp_path / "ws")
     args = argparse.Namespace(workspace=root, tasks=10, seed=0, arms="none,retrieval,digest", no_model=False,
                               target="tiny", json=True)
@@ -36,6 +45,8 @@ def test_tasks_and_report_through_the_product_path(tmp_path, monkeypatch):
     none, digest = report["arms"]["none"], report["arms"]["digest"]
     assert none["in_prompt"] == 0.0 and none["context_tokens_mean"] == 0.0
     assert digest["in_prompt"] == 1.0 and digest["context_tokens_mean"] > 0
+    assert digest["missed"] == [] and "missed" not in none
+    assert len(report["arms"]["retrieval"]["missed"]) == round((1 - report["arms"]["retrieval"]["in_prompt"]) * 2)
     assert {"exact", "edit_similarity", "name_first"} <= digest.keys()
 
 
@@ -52,8 +63,8 @@ def test_make_tasks_expects_the_rest_of_the_line(tmp_path):
     assert got["area_of"] == ("area_of(s, 2.0)", 'def area_of(shape: "Shape", scale: float = 1.0,')
 
 
-def test_a_norepo_arm_runs_the_same_arm_without_the_repository_name(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+def test_a_norepo_arm_runs_the_same_arm_without_the_repository_name(tmp_path, monkeypatch, cache):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     root = workspace(tmp_path / "ws")
     args = argparse.Namespace(workspace=root, tasks=10, seed=0, arms="none,none-norepo", no_model=False,
                               target="tiny", json=True, loss=True)
@@ -64,3 +75,19 @@ def test_a_norepo_arm_runs_the_same_arm_without_the_repository_name(tmp_path, mo
     # the tiny pair's template has no repository header: the same prompts, the same answers
     assert report["repo_name_effect"]["none"] == {"answers_changed": 0, "exact_gained": 0, "exact_lost": 0}
     assert with_name["answer_loss"] == without["answer_loss"]
+
+
+def test_new_lines_replays_consecutive_lines_with_kept_and_fresh_snippets(tmp_path, monkeypatch, cache):
+    from lsp_server.bench.context import _new_lines
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    root = workspace(tmp_path / "ws")
+    body = "".join(f"def f{i}(x):\n    return area_of(Shape('s{i}', x), {i}.0)\n\n" for i in range(20))
+    (root / "long.py").write_text("from geo.shapes import Shape, area_of\n\n" + body)
+    args = argparse.Namespace(workspace=root, new_lines=5, seed=0, target="tiny", json=True)
+    out = _new_lines(args)
+    assert out["files"] == 1  # only long.py has the 40 lines a replay needs
+    assert 4 <= out["lines"] <= 8  # 8 consecutive lines, blank ones skipped
+    assert out["answers_differ"] <= out["snippet_lists_differ"] <= out["lines"]
+    assert max(out["exact_kept"], out["exact_fresh"]) <= out["lines"]
+    assert 0.0 <= out["similarity_kept"] <= 1.0 and 0.0 <= out["similarity_fresh"] <= 1.0
