@@ -7,10 +7,12 @@ a function's signature and docstring line; a class's header, docstring line, fie
 signatures; for a module bound as a whole, its public top-level signatures. Each imported file
 becomes one stub (bodies elided with ``...``), labelled with its path like any other snippet.
 
-Ranking (which names the next lines will use): a name written after the cursor (a later use the
-editor already shows), then a name not yet used between its import and the cursor (a first use is
-pending), then names used near the cursor. Entries are added best first while they fit a token
-budget; the prompt builder then places the stubs before the other snippets.
+Ranking (which names the next lines will use): what the cursor's position expects (a type, an
+exception, a decorator), then a name not yet used in code between its import and the cursor (a first
+use is pending; docstrings, comments and later imports do not count as uses), then names used near
+the cursor. Within a token budget every entry first gets its signature line, best first, and then
+the best grow to their longer stubs (`fit`); the prompt builder places the stubs before the other
+snippets.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class Entry:
     brief: str = ""  # a shorter stub (signature, constructor) for when ``text`` does not fit; "" = none
 
 
-_HINT_TYPE = re.compile(r"(?:(\w+)\s*:|->|\bclass\s+\w+\s*\(|[\[|,]|\bisinstance\(\w+,)\s*[\"']?$")
+_HINT_TYPE = re.compile(r"(?:(\w+)\s*:|->|\bclass\s+\w+\s*\(|[\[|,]|\bbound\s*=|(\bis(?:instance|subclass)\([\w.]+,))\s*[\"'(]?$")
 _HINT_EXC = re.compile(r"(?:\braise|\bexcept|\bthrow\s+new|\bcatch\s*\()\s*\(?\s*$")
 _HINT_NEW = re.compile(r"\bnew\s+$")
 _KEYWORDS = frozenset({"else", "try", "finally", "except", "default", "case", "return"})
@@ -77,8 +79,8 @@ def cursor_hint(line_before: str) -> tuple[str, str]:
     m = _HINT_TYPE.search(rest)
     if m is None or "lambda" in rest or (m.group(1) or "") in _KEYWORDS:
         return "", ""
-    if rest.rstrip().endswith(",") and "[" not in rest:
-        return "", ""  # a comma in a call or a parameter list: no expectation
+    if rest.rstrip().endswith(",") and "[" not in rest and not m.group(2):
+        return "", ""  # a comma in a call or a parameter list (not isinstance's): no expectation
     return "type", m.group(1) or ""
 
 
@@ -250,14 +252,20 @@ class Digest:
     def _rank(built: list[tuple[Import, Entry]], head: str, nearby: Sequence[str], hint: tuple[str, str]) -> list[Entry]:
         """Best first: what the cursor's position expects (a type after an annotation colon, an exception
         after ``raise``, a decorator after ``@``; a type named like the annotated parameter above all),
-        then names not used yet since the imports (a first use is pending), nearest used, import order.
+        then names not used yet in code since their import (a first use is pending), nearest used, import order.
         (Ranking the enclosing class's bases next was tried: model2vec's first uses in the prompt fell
         from 90 % to 76 %; the bases are on screen already.)"""
         aliases = sorted({i.alias for i, _ in built}, key=len, reverse=True)
         words = re.compile(r"(?<![\w.])(" + "|".join(map(re.escape, aliases)) + r")\b")
-        last_import = max(i.line for i, _ in built)
-        body = head.split("\n", last_import)[-1] if head.count("\n") >= last_import else ""
-        used_before = set(words.findall(body))
+        imported_at: dict[str, int] = {}  # a name imported twice (at the top, again in a block): the first
+        for imp, _ in built:
+            imported_at[imp.alias] = min(imported_at.get(imp.alias, imp.line), imp.line)
+        lines = head.split("\n")
+        statements = _statement_lines(lines, [i.line for i, _ in built])
+        used_before: set[str] = set()  # used in code between its import and the cursor (not in imports, docstrings)
+        for k, line in _code_lines(lines):
+            if k not in statements:
+                used_before.update(a for a in words.findall(line) if imported_at[a] <= k)
         near = {n: k for k, n in enumerate(nearby[:64])}
         expect, subject = hint
         subject = subject.replace("_", "").lower()
@@ -265,7 +273,7 @@ class Digest:
         def fits(entry: Entry, alias: str) -> int:
             if not expect:
                 return 0
-            if expect == "type" and entry.kind in _TYPE_KINDS:
+            if expect == "type" and (entry.kind in _TYPE_KINDS or _is_type_alias(entry)):
                 named = subject and (alias.lower() == subject or alias.lower().endswith(subject) or subject.endswith(alias.lower()))
                 return 2 if named else 1
             if expect == "exception" and entry.kind in _TYPE_KINDS and re.search(r"(Error|Exception|Warning|Exit)\b", entry.text.split("\n", 2)[0] + " " + alias):
@@ -437,6 +445,58 @@ def _short(line: str, limit: int = 100) -> str:
     return line[:limit].rstrip() + "..." + (m.group(1) if m else "")
 
 
+_TYPE_ALIAS = re.compile(
+    r"^\s*(?:type\s+)?\w+\s*(?::\s*(?:typing\.)?TypeAlias\b|=\s*(?:typing\.|t\.)?(?:"
+    r"(?:Union|Optional|Callable|Literal|Type|Tuple|List|Dict|Set|FrozenSet|Iterable|Iterator|Sequence|Mapping|"
+    r"MutableMapping|Generator|AsyncIterator|AsyncGenerator|Awaitable|Coroutine|Annotated|tuple|list|dict|set|type)\["
+    r"|(?:TypeVar|NewType|ParamSpec)\(|[\"']?[A-Z]\w*(?:\[[^=]*\])?[\"']?\s*\|\s*[\"']?[A-Z]))")
+
+
+def _is_type_alias(entry: Entry) -> bool:
+    """A module-level variable that names a type (``StyleType = Union[str, Style]``, ``T = TypeVar("T")``,
+    ``X: TypeAlias = ...``): what an annotation's cursor expects as much as a class."""
+    return entry.kind == "variable" and bool(_TYPE_ALIAS.match(entry.text))
+
+
+_TRIPLE = re.compile(r'"""|\'\'\'')
+_ONE_LINE_STRING = re.compile(r'""".*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+
+
+def _code_lines(lines: Sequence[str]):
+    """(index, code) for each line, with triple-quoted strings (docstrings), one-line strings and
+    trailing comments taken out; roughly, as ``_code`` does (a ``#`` inside a string ends the code)."""
+    closing = ""
+    for k, line in enumerate(lines):
+        if closing:
+            end = line.find(closing)
+            if end < 0:
+                continue
+            line, closing = line[end + 3:], ""
+        line = _ONE_LINE_STRING.sub('""', line)
+        m = _TRIPLE.search(line)
+        if m:
+            line, closing = line[: m.start()], m.group(0)
+        code = _code(line)
+        if not code.lstrip().startswith(("#", "//")):
+            yield k, code
+
+
+def _statement_lines(lines: Sequence[str], starts: Sequence[int]) -> set[int]:
+    """0-based indices of the lines that the statements starting at ``starts`` (1-based) occupy:
+    a parenthesised or backslash-continued import goes on to its closing line."""
+    out: set[int] = set()
+    for start in sorted(set(starts)):
+        depth, k = 0, start - 1
+        while 0 <= k < len(lines):
+            out.add(k)
+            code = _code(lines[k])
+            depth += sum(_BRACES.get(c, 0) for c in code)
+            if depth <= 0 and not code.rstrip().endswith("\\"):
+                break
+            k += 1
+    return out
+
+
 def _is_module_file(target: str, name: str | None, module: str = "") -> bool:
     """Is ``target`` the module ``name`` itself (``from pkg import mod``), not a module defining ``name``
     (``from .mod import mod``)?"""
@@ -446,23 +506,62 @@ def _is_module_file(target: str, name: str | None, module: str = "") -> bool:
     return bool(name) and (stem == name or (stem in ("__init__", "index", "mod") and os.path.basename(os.path.dirname(target)) == name))
 
 
+def _short_form(entry: Entry, python: bool) -> str:
+    """The entry's signature line alone (decorators dropped): ``class Command: ...``, ``def echo(...) -> None: ...``."""
+    first = next((line for line in entry.text.split("\n") if line.strip() and not line.lstrip().startswith("@")), "")
+    if python and first.rstrip().endswith(":"):
+        first = first.rstrip() + " ..."
+    return first
+
+
 def fit(entries: Sequence[Entry], budget_tokens: int, count: Callable[[str], int],
         display: Callable[[str], str]) -> tuple[tuple[Snippet, ...], list[Entry]]:
-    """Entries best first while they fit ``budget_tokens``, as one stub snippet per file (files in rank
-    order), and the entries shown."""
-    chosen: dict[str, list[Entry]] = {}
-    used = 0
+    """Entries as one stub snippet per file (files in rank order) within ``budget_tokens``, and the
+    entries shown. Two passes: first each entry's signature line, best first, while they fit (a name
+    the next line may use is shown at all); then, best first, each grows to its longest stub that the
+    rest of the budget allows (constructor; docstring line, fields and methods).
+
+    Measured with `draftline bench context --no-model` on email, _pytest, click and rich (needed
+    definition in the prompt): 100 / 100 / 96 / 98 %. Longest stubs first, as before (signature lines
+    only as a fallback): 100 / 95 / 89 / 92 %; signature lines for half the budget: 100 / 98 / 93 / 85 %."""
+    forms: list[list[str]] = []
     for e in entries:
-        head = 0 if e.path in chosen else count(display(e.path)) + 3
-        for text in (e.text, e.brief):
-            cost = count(text) + 1 + head if text else 0
-            if text and used + cost <= budget_tokens:
-                chosen.setdefault(e.path, []).append(e if text is e.text else dataclasses.replace(e, text=text))
-                used += cost
+        python = e.path.endswith((".py", ".pyi"))
+        levels = [t for t in (_short_form(e, python), e.brief, e.text) if t]
+        forms.append(sorted(dict.fromkeys(levels), key=len))
+    level: dict[int, int] = {}  # entry index -> its form shown
+    paths: set[str] = set()
+    used = 0
+
+    def head(e: Entry) -> int:
+        return 0 if e.path in paths else count(display(e.path)) + 3
+
+    for k, e in enumerate(entries):  # pass 1: the short forms
+        if not forms[k]:
+            continue
+        cost = count(forms[k][0]) + 1 + head(e)
+        if used + cost <= budget_tokens:
+            level[k], used = 0, used + cost
+            paths.add(e.path)
+    for k, e in enumerate(entries):  # pass 2: the best grow, or enter now if the short pass had no room left
+        options = forms[k]
+        now = level.get(k)
+        base = count(options[now]) + 1 if now is not None else 0
+        extra_head = 0 if now is not None else head(e)
+        for j in range(len(options) - 1, (now if now is not None else -1), -1):
+            cost = count(options[j]) + 1 - base + extra_head
+            if used + cost <= budget_tokens:
+                level[k], used = j, used + cost
+                paths.add(e.path)
                 break
+    chosen: dict[str, list[Entry]] = {}
+    for k, e in enumerate(entries):
+        if k in level:
+            chosen.setdefault(e.path, []).append(dataclasses.replace(e, text=forms[k][level[k]]))
+    order = list(dict.fromkeys(e.path for k, e in enumerate(entries) if k in level))
     out: list[Snippet] = []
-    for path, group in chosen.items():
-        group.sort(key=lambda e: e.start_line)
+    for path in order:
+        group = sorted(chosen[path], key=lambda e: e.start_line)
         text = "\n".join(e.text for e in group) + "\n"
         out.append(Snippet(display(path), text, min(e.start_line for e in group), max(e.end_line for e in group)))
-    return tuple(out), [e for group in chosen.values() for e in group]
+    return tuple(out), [e for path in order for e in chosen[path]]

@@ -1,7 +1,7 @@
 """``draftline bench context DIR``: does the prompt hold the definition the next line needs, and does it help?
 
 Tasks are cut from the workspace's own files, CrossCodeEval-style: for a name a file imports from
-another workspace file, the file is cut where that name is first used (after its imports), and the
+another workspace file, the file is cut where that name is first used after its import, and the
 rest of that line is the answer. The editor holds the whole file around the cursor except that
 line's remainder. Each task runs through the product path: the workspace index, the completer's
 context step, the engine's token-budgeted prompt builder, and (unless ``--no-model``) the default
@@ -126,11 +126,13 @@ def make_tasks(index: Any, root: Path, n: int, seed: int) -> list[Task]:
             continue
         per_file = 0
         imports = parse_imports(text, path)
-        last_import = max((i.line for i in imports), default=0)
+        first_import: dict[str, int] = {}  # a name imported twice (at the top, again in a block) is one task
+        for imp in imports:
+            first_import.setdefault(imp.alias, imp.line)
         for imp in imports:
             if per_file >= 2 or len(tasks) >= n:
                 break
-            if not imp.alias or imp.name in (None, "*", "default"):
+            if not imp.alias or imp.name in (None, "*", "default") or first_import.get(imp.alias) != imp.line:
                 continue
             targets = resolve(imp, path, index.files)
             if not targets or targets[0] == path:
@@ -138,7 +140,7 @@ def make_tasks(index: Any, root: Path, n: int, seed: int) -> list[Task]:
             syms = [s for s in index.symbols_in(targets[0]) if s.name == imp.name and s.container is None]
             if not syms:
                 continue
-            offset = _first_use(text, path, imp.alias, last_import)
+            offset = _first_use(text, path, imp.alias, imp.line)  # its first use anywhere after its import
             if offset is None:
                 continue
             line_end = text.find("\n", offset)

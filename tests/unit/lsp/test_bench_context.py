@@ -63,6 +63,22 @@ def test_make_tasks_expects_the_rest_of_the_line(tmp_path):
     assert got["area_of"] == ("area_of(s, 2.0)", 'def area_of(shape: "Shape", scale: float = 1.0,')
 
 
+def test_a_task_is_the_first_use_after_the_names_own_import_and_each_name_counts_once(tmp_path):
+    from indexer import Index
+    from indexer.config import IndexConfig
+
+    root = workspace(tmp_path / "ws")
+    (root / "app.py").write_text(
+        "from geo.shapes import Shape\n\n\ndef make(n):\n    return Shape('sq', n)\n\n\n"
+        "if __name__ == '__main__':\n    from geo.shapes import Shape, area_of\n\n    print(Shape('x', 1), area_of(None))\n"
+    )
+    with Index([root], IndexConfig(cache_dir=str(tmp_path / "c")), embedder=None) as index:
+        index.build()
+        tasks = make_tasks(index, root, 10, 0)
+    got = {t.name: t.expected for t in tasks}
+    assert len(tasks) == 2 and got == {"Shape": "Shape('sq', n)", "area_of": "area_of(None))"}
+
+
 def test_a_norepo_arm_runs_the_same_arm_without_the_repository_name(tmp_path, monkeypatch, cache):
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
     root = workspace(tmp_path / "ws")

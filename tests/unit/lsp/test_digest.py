@@ -121,18 +121,31 @@ def test_ranking_follows_what_the_cursor_expects(ws):
     assert order.index("util") == len(order) - 1  # already used above: last
 
 
-def test_fit_takes_the_best_first_and_falls_back_to_the_brief_stub(ws):
+def test_fit_shows_every_signature_line_first_then_grows_the_best(ws):
     root, index = ws
     ranked = entries(index, root, MAIN)
     count = lambda text: len(text.split())  # noqa: E731 (a stand-in tokenizer)
     full = sum(count(e.text) + 1 for e in ranked) + 10
     snippets, shown = fit(ranked, full, count, lambda p: Path(p).name)
-    assert len(shown) == len(ranked)
+    assert sorted(e.text for e in shown) == sorted(e.text for e in ranked)  # room for all: every stub whole
     assert [s.path for s in snippets] == ["shapes.py", "util.py"]  # one stub per file, files in rank order
     assert snippets[0].text.endswith("\n")
-    tight = count(ranked[0].brief) + 1 + count("shapes.py") + 3
-    snippets, shown = fit(ranked, tight, count, lambda p: Path(p).name)
-    assert [e.text for e in shown] == [ranked[0].brief]  # the class did not fit whole: its brief stub did
+    # room for the signature lines and a little more: every name shown, the best grown to its brief stub
+    first = {e.name: e.text.split("\n")[0] for e in ranked}
+    lines = {n: t + " ..." if t.endswith(":") else t for n, t in first.items()}
+    header = count("shapes.py") + 3 + count("util.py") + 3
+    short = sum(count(t) + 1 for t in lines.values()) + header
+    best = ranked[0]
+    grow = count(best.brief) - count(lines[best.name])
+    snippets, shown = fit(ranked, short + grow, count, lambda p: Path(p).name)
+    got = {e.name: e.text for e in shown}
+    assert set(got) == {e.name for e in ranked}
+    assert got[best.name] == best.brief  # the best grew (its whole stub did not fit)
+    assert all(got[e.name] == lines[e.name] for e in ranked[1:])  # the others: one line each
+    assert got["ShapeError"] == "class ShapeError(ValueError): ..."
+    # room for one line: the best one
+    snippets, shown = fit(ranked, count(lines[best.name]) + 1 + count("shapes.py") + 3, count, lambda p: Path(p).name)
+    assert [e.text for e in shown] == [lines[best.name]]
     assert fit(ranked, 0, count, str) == ((), [])
 
 
@@ -146,6 +159,55 @@ def test_cursor_hint():
     assert cursor_hint("f(a, ") == ("", "")
     assert cursor_hint("lambda x: ") == ("", "")
     assert cursor_hint('def f(console: "') == ("type", "console")  # a forward reference in quotes
+    assert cursor_hint("    if isinstance(param, ") == ("type", "")  # isinstance's second argument is a type
+    assert cursor_hint("    issubclass(cls, (") == ("type", "")
+    assert cursor_hint('T = TypeVar("T", bound=') == ("type", "")
+
+
+def test_type_aliases_count_as_types_and_other_constants_do_not():
+    from lsp_server.digest import Entry, _is_type_alias
+
+    def alias(text):
+        return _is_type_alias(Entry("/w/t.py", text, 1, 1, text.split()[0], "variable"))
+
+    for text in ('StyleType = Union[str, "Style"]', 'T = TypeVar("T")', "X: TypeAlias = int", "Pair = tuple[int, int]",
+                 "Handler = Callable[[int], None]", 'UserId = NewType("UserId", int)', "Num = Int | Float"):
+        assert alias(text), text
+    for text in ("DEFAULTS = dict(a=1)", "MAX = 10", 'NAME = "x"', "log = logging.getLogger(__name__)",
+                 "FLAGS = Flag.A | Flag.B"):
+        assert not alias(text), text
+
+
+def test_a_type_alias_ranks_with_the_classes_after_an_annotation(ws):
+    root, index = ws
+    (root / "geo" / "shapes.py").write_text(SHAPES + '\nShapeLike = Union[Shape, str]\n')
+    (root / "app.py").write_text(MAIN.replace("UNIT, ShapeError", "UNIT, ShapeLike"))
+    index.build()
+    order = [e.name for e in entries(index, root, MAIN.replace("UNIT, ShapeError", "UNIT, ShapeLike"))]
+    assert order.index("ShapeLike") < order.index("area_of") and order.index("ShapeLike") < order.index("UNIT")
+
+
+def test_used_before_means_used_in_code_after_its_own_import(ws):
+    from lsp_server.digest import _code_lines
+
+    src = ["x = UNIT", "def f():", '    """Filled with ``UNIT``.', "    UNIT again", '    """',
+           '    a = "UNIT"  # UNIT', "    b = 'UNIT' + UNIT", "    # UNIT", "    return Shape"]
+    assert [(k, c.strip()) for k, c in _code_lines(src) if "UNIT" in c or "Shape" in c] == [
+        (0, "x = UNIT"), (6, 'b = "" + UNIT'), (8, "return Shape")]
+    root, index = ws
+    # a name only mentioned in a docstring is still pending, so it ranks before one used in code
+    doc = MAIN.replace("def make(config: ", 'def g():\n    """Returns a ``UNIT``."""\n    return area_of(1)\n\n\nx = ')
+    order = [e.name for e in entries(index, root, doc)]
+    assert order.index("UNIT") < order.index("area_of")  # imported after area_of, but area_of is used
+    # a name used above a later import (a nested one, in a block) counts as used
+    nested = MAIN.replace("def make(config: ", "y = UNIT\n\nif True:\n    from geo.shapes import Shape\n\nz = ")
+    order = [e.name for e in entries(index, root, nested)]
+    assert order.index("UNIT") == len(order) - 1
+    # a word written before a name's import is not a use of that import
+    late = MAIN.replace(", ShapeError", "").replace("def make(config: ", "v = ShapeError\n\nif True:\n"
+                                                   "    from geo.shapes import ShapeError\n\nz = area_of(1)\nw = ")
+    order = [e.name for e in entries(index, root, late)]
+    assert order.index("ShapeError") < order.index("area_of")
 
 
 def test_signature_on_one_line_and_decorators_kept_only_when_they_inform():
