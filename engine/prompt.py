@@ -225,9 +225,13 @@ class PromptBuilder:
         start = self._anchor_window(request, max(prefix_budget, 32))
         prefix = request.prefix[start:]
         bos = self.tokenizer.bos_token or ""
-        segments = assemble(self.template, request, chosen, prefix, suffix, bos=bos)
+        # the most relevant snippet (they come best first) goes last, next to the current file: on 422
+        # first-use tasks in 13 packages SmolLM2's loss of the true line was lower this way in 12
+        # (1.52 vs 1.59 nats/token), exact 52 vs 48 (`bench context`; README, cross-file context)
+        shown = chosen[::-1]
+        segments = assemble(self.template, request, shown, prefix, suffix, bos=bos)
         tokens = tokens_for(segments, self.encode, self.special_id)
-        return Prompt(segments, tokens, len(chosen), len(prefix), tuple(chosen))
+        return Prompt(segments, tokens, len(chosen), len(prefix), tuple(shown))
 
     def _anchor_window(self, request: CompletionRequest, budget: int) -> int:
         """Start (in request.prefix) of the local window: a line start whose tail fits the budget."""
@@ -261,8 +265,9 @@ class PromptBuilder:
 
 
 def render_golden(template: FimTemplate, request: CompletionRequest, bos: str = "<s>") -> str:
-    """The prompt as a string (no budgeting; the repository header from `request.repo`): what golden tests compare."""
-    return Prompt(assemble(template, request, request.snippets, request.prefix, request.suffix, bos=bos)).render()
+    """The prompt as a string (no budgeting; the repository header from `request.repo`; the snippets, given
+    best first, in the builder's order: best last): what golden tests compare."""
+    return Prompt(assemble(template, request, tuple(request.snippets)[::-1], request.prefix, request.suffix, bos=bos)).render()
 
 
 def tokens_for(segments: Sequence[Segment], encode: Callable[[str], list[int]], special: Callable[[str], int]) -> list[int]:

@@ -11,8 +11,8 @@ Ranking (which names the next lines will use): what the cursor's position expect
 exception, a decorator), then a name not yet used in code between its import and the cursor (a first
 use is pending; docstrings, comments and later imports do not count as uses), then names used near
 the cursor. Within a token budget every entry first gets its signature line, best first, and then
-the best grow to their longer stubs (`fit`); the prompt builder places the stubs before the other
-snippets.
+the best grow to their longer stubs (`fit`). The stubs come first in the snippet list (the budget
+keeps them first), and so last in the prompt, next to the current file (`engine.prompt.PromptBuilder`).
 """
 
 from __future__ import annotations

@@ -162,3 +162,19 @@ def test_forget_windows_lays_the_next_prompt_out_as_a_first_one(tokenizer_dir):
     assert builder.build(longer).prefix_chars > first.prefix_chars  # kept its anchor: the window grew
     builder.forget_windows()
     assert builder.build(longer).prefix_chars <= first.prefix_chars + len(_lines(3)) // 2  # re-anchored
+
+
+def test_the_best_snippet_goes_last_next_to_the_current_file_and_the_budget_drops_the_least_relevant():
+    """Snippets come best first (digest, definitions, then retrieved chunks); the prompt shows them in
+    reverse, so the best one sits right before the current file, where a small model reads it."""
+    best, mid, worst = (Snippet(f"{n}.py", f"def {n}():\n    pass\n") for n in ("best", "mid", "worst"))
+    req = CompletionRequest(prefix="def f():\n    ", path="core.py", snippets=(best, mid, worst))
+    text = PromptBuilder(SMOLLM, _BosTokenizer(False), PromptBudget(total=400)).build(req).render()
+    assert text.index("worst.py") < text.index("mid.py") < text.index("best.py") < text.index("core.py")
+    assert text.endswith("<file_sep>best.py\ndef best():\n    pass\n<file_sep>core.py\ndef f():\n    ")
+    assert render_golden(SMOLLM, req, bos="").startswith("<file_sep>worst.py\n")
+    # a budget with room for two: the worst is the one left out, and the best is still last
+    room = len("def best():\n    pass\n") * 2 + len("best.py") + len("mid.py") + 6
+    small = PromptBuilder(SMOLLM, _BosTokenizer(False), PromptBudget(total=room * 4, snippet_share=0.25))
+    prompt = small.build(req)
+    assert [s.path for s in prompt.snippets] == ["mid.py", "best.py"]
