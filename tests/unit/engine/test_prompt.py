@@ -173,6 +173,10 @@ def test_the_best_snippet_goes_last_next_to_the_current_file_and_the_budget_drop
     assert text.index("worst.py") < text.index("mid.py") < text.index("best.py") < text.index("core.py")
     assert text.endswith("<file_sep>best.py\ndef best():\n    pass\n<file_sep>core.py\ndef f():\n    ")
     assert render_golden(SMOLLM, req, bos="").startswith("<file_sep>worst.py\n")
+    first = PromptBuilder(SMOLLM, _BosTokenizer(False), PromptBudget(total=400))
+    first.best_last = False  # as before 2026-12-06 (`bench context`'s -bestfirst arms)
+    text = first.build(req).render()
+    assert text.index("best.py") < text.index("mid.py") < text.index("worst.py") < text.index("core.py")
     # a budget with room for two: the worst is the one left out, and the best is still last
     room = len("def best():\n    pass\n") * 2 + len("best.py") + len("mid.py") + 6
     small = PromptBuilder(SMOLLM, _BosTokenizer(False), PromptBudget(total=room * 4, snippet_share=0.25))

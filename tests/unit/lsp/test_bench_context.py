@@ -107,3 +107,16 @@ def test_new_lines_replays_consecutive_lines_with_kept_and_fresh_snippets(tmp_pa
     assert out["answers_differ"] <= out["snippet_lists_differ"] <= out["lines"]
     assert max(out["exact_kept"], out["exact_fresh"]) <= out["lines"]
     assert 0.0 <= out["similarity_kept"] <= 1.0 and 0.0 <= out["similarity_fresh"] <= 1.0
+
+
+def test_a_bestfirst_arm_shows_the_same_snippets_in_the_other_order(tmp_path, monkeypatch, cache):
+    from lsp_server.bench.context import _arm
+
+    assert _arm("digest") == ("digest", True, True) and _arm("digest-norepo-bestfirst") == ("digest", False, False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    root = workspace(tmp_path / "ws")
+    args = argparse.Namespace(workspace=root, tasks=10, seed=0, arms="digest,digest-bestfirst", no_model=True,
+                              target="tiny", json=True)
+    report = _run(args)
+    a, b = report["arms"]["digest"], report["arms"]["digest-bestfirst"]
+    assert a["in_prompt"] == b["in_prompt"] == 1.0 and a["context_tokens_mean"] == b["context_tokens_mean"]
