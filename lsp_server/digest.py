@@ -490,7 +490,7 @@ def _statement_lines(lines: Sequence[str], starts: Sequence[int]) -> set[int]:
         while 0 <= k < len(lines):
             out.add(k)
             code = _code(lines[k])
-            depth += sum(_BRACES.get(c, 0) for c in code)
+            depth += _depth(code)
             if depth <= 0 and not code.rstrip().endswith("\\"):
                 break
             k += 1
@@ -529,27 +529,32 @@ def fit(entries: Sequence[Entry], budget_tokens: int, count: Callable[[str], int
         python = e.path.endswith((".py", ".pyi"))
         levels = [t for t in (_short_form(e, python), e.brief, e.text) if t]
         forms.append(sorted(dict.fromkeys(levels), key=len))
+    costs = [[count(t) + 1 for t in f] for f in forms]  # each form counted once, for both passes
+    heads: dict[str, int] = {}  # path -> the cost of its label
     level: dict[int, int] = {}  # entry index -> its form shown
     paths: set[str] = set()
     used = 0
 
     def head(e: Entry) -> int:
-        return 0 if e.path in paths else count(display(e.path)) + 3
+        if e.path in paths:
+            return 0
+        if e.path not in heads:
+            heads[e.path] = count(display(e.path)) + 3
+        return heads[e.path]
 
     for k, e in enumerate(entries):  # pass 1: the short forms
         if not forms[k]:
             continue
-        cost = count(forms[k][0]) + 1 + head(e)
+        cost = costs[k][0] + head(e)
         if used + cost <= budget_tokens:
             level[k], used = 0, used + cost
             paths.add(e.path)
     for k, e in enumerate(entries):  # pass 2: the best grow, or enter now if the short pass had no room left
-        options = forms[k]
         now = level.get(k)
-        base = count(options[now]) + 1 if now is not None else 0
+        base = costs[k][now] if now is not None else 0
         extra_head = 0 if now is not None else head(e)
-        for j in range(len(options) - 1, (now if now is not None else -1), -1):
-            cost = count(options[j]) + 1 - base + extra_head
+        for j in range(len(forms[k]) - 1, (now if now is not None else -1), -1):
+            cost = costs[k][j] - base + extra_head
             if used + cost <= budget_tokens:
                 level[k], used = j, used + cost
                 paths.add(e.path)

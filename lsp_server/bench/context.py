@@ -45,7 +45,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from indexer.bench import percentile
 
@@ -112,13 +112,19 @@ def _first_use(text: str, path: str, alias: str, after_line: int) -> int | None:
     return None if best is None else len(data[:best].decode("utf-8", "replace"))
 
 
-def make_tasks(index: Any, root: Path, n: int, seed: int) -> list[Task]:
-    from indexer.imports import language_of, parse_imports, resolve
-
+def _source_files(root: Path, keep: Callable[[str], bool]) -> list[str]:
+    """The workspace's files whose names ``keep`` accepts, in a stable order (SKIP_DIRS and dot folders left out)."""
     files = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-        files += [os.path.join(dirpath, f) for f in sorted(filenames) if language_of(f)]
+        files += [os.path.join(dirpath, f) for f in sorted(filenames) if keep(f)]
+    return files
+
+
+def make_tasks(index: Any, root: Path, n: int, seed: int) -> list[Task]:
+    from indexer.imports import language_of, parse_imports, resolve
+
+    files = _source_files(root, lambda f: bool(language_of(f)))
     random.Random(seed).shuffle(files)
     tasks: list[Task] = []
     for path in files:
@@ -356,10 +362,7 @@ def _new_lines(args: argparse.Namespace) -> dict[str, Any]:
     engine = make_engine(config.model)
     cfg = dataclasses.replace(config.completion, mode="single")
     kept, fresh = Completer(engine, cfg, index, [root]), Completer(engine, cfg, index, [root])
-    files = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS and not d.startswith("."))
-        files += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".py")]
+    files = [Path(f) for f in _source_files(root, lambda f: f.endswith(".py"))]
     rng = random.Random(args.seed)
     rng.shuffle(files)
     out = {"workspace": str(root), "files": 0, "lines": 0, "snippet_lists_differ": 0, "answers_differ": 0,
