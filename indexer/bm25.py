@@ -103,6 +103,25 @@ class Bm25Index:
                 counts[tok] += 1
         return counts
 
+    def containing(self, word: str, k: int, exclude_path: str | None = None) -> list[int]:
+        """Ids of up to ``k`` chunks that hold the identifier ``word`` (as a whole token), fewest tokens
+        around it first (BM25 of the one term)."""
+        term = word.lower()
+        if k <= 0 or not term or len(term) > 200:
+            return []
+        searcher = self._searcher
+        q = tantivy.Query.term_query(self._schema, "body", term, index_option="freq")
+        if exclude_path is not None:
+            q = tantivy.Query.boolean_query([
+                (tantivy.Occur.Must, q),
+                (tantivy.Occur.MustNot, tantivy.Query.term_query(self._schema, "path", exclude_path)),
+            ])
+        hits = searcher.search(q, limit=k, count=False).hits
+        if not hits:
+            return []
+        ids = searcher.fast_field_values("id", [addr for _, addr in hits])
+        return [int(cid) for cid in ids if cid is not None]
+
     def search(self, text: str, k: int, exclude_path: str | None = None) -> list[SparseHit]:
         counts = self.query_terms(text)
         if not counts or k <= 0:

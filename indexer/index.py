@@ -409,6 +409,14 @@ class Index:
                     break
         return out
 
+    def mentions(self, name: str, k: int = 8, exclude: Path | str | None = None) -> list[Chunk]:
+        """Up to ``k`` chunks whose text holds the identifier ``name`` (usages and definitions alike;
+        the caller finds the lines), ``exclude`` left out."""
+        excl = os.path.abspath(exclude) if exclude is not None else None
+        ids = self.bm25.containing(name, k, excl)
+        with self._lock:
+            return [self._chunks[c] for c in ids if c in self._chunks and self._chunks[c].path != excl]
+
     def definitions(self, name: str) -> list[Symbol]:
         """Definitions of ``name`` (functions, classes, methods, module-level names) across the workspace."""
         with self._lock:

@@ -125,6 +125,9 @@ class IndexHandle:
     def search(self, query: str, k: int, exclude: str | None = None) -> Sequence[Chunk]:
         return self.index.search(query, k, exclude=exclude) if self.index is not None else []
 
+    def mentions(self, name: str, k: int, exclude: str | None = None) -> Sequence[Chunk]:
+        return self.index.mentions(name, k, exclude=exclude) if self.index is not None else []
+
     def definitions(self, name: str) -> Sequence[Any]:
         return self.index.definitions(name) if self.index is not None else []
 

@@ -26,6 +26,12 @@ needed definition: its file's path and its signature line), the tokens spent on 
 and with the model: exact match of the line's rest, edit similarity, and how often the answer starts
 with the imported name.
 
+``--from-line-start``: the snippets are chosen where an editor chooses them when the line is typed
+from its start (the product keeps a line's snippets while it is typed, for KV reuse): at the line's
+first character, then the cut's request gets them from the completer's memo. Without it they are
+chosen at the cut, with the line's start in view (CrossCodeEval's setting; a cursor placed mid-line).
+``--answers`` (with ``--json``) lists each task's expected rest of line and each arm's answer.
+
 ``--new-lines FILES`` measures something else: whether keeping a line's snippets for the next line
 (``lsp_server.context.STICKY_LINES``, good for KV reuse) costs answers. In FILES files, at the start
 of 8 consecutive lines each, one-line answers with the snippets the product keeps and with snippets
@@ -70,6 +76,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--new-lines", type=int, default=0, metavar="FILES",
                    help="instead: in FILES files, 8 consecutive lines each, the answer at each line's start with "
                         "the snippets a new line keeps (the product) and with snippets chosen afresh")
+    p.add_argument("--from-line-start", action="store_true",
+                   help="choose the snippets where the editor does when a line is typed from its start: at the "
+                        "line's first character (its indentation typed), then complete at the task's cut with them")
+    p.add_argument("--answers", action="store_true", help="with --json: each task's expected line and each arm's answer")
     p.add_argument("--json", action="store_true")
 
 
@@ -278,9 +288,17 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
             request = build(snap)
             repos.add(request.repo)
             context = context_for(snap, request, cfg)
+            at = snap
+            if getattr(args, "from_line_start", False):  # the line's first request chooses the snippets, and the
+                line_start = snap.before.rfind("\n") + 1  # cut's request gets them from the completer's memo
+                indent = len(snap.before[line_start:]) - len(snap.before[line_start:].lstrip())
+                at = dataclasses.replace(snap, before=snap.before[: line_start + indent])
+            at_context = context if at is snap else context_for(at, build(at), cfg)
             started = time.perf_counter()
-            chunks = completer._retrieve(context)
+            chunks = completer._retrieve(at_context)
             context_ms.append((time.perf_counter() - started) * 1e3)
+            if at is not snap:
+                chunks = completer._retrieve(context)
             for typed in range(1, 4):  # keystrokes within the line: the warm path the editor takes while typing
                 typing = dataclasses.replace(snap, before=snap.before + task.expected[:typed])
                 t_req = build(typing)
@@ -334,6 +352,10 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
                 "exact_gained": sum(a == t.expected != b for a, b, t in pairs),
                 "exact_lost": sum(b == t.expected != a for a, b, t in pairs),
             }
+    if getattr(args, "answers", False) and not args.no_model:
+        report["answers"] = [{"file": display_path(t.path, [root]), "name": t.name, "expected": t.expected,
+                              **{arm: answers[arm][k] for arm in arms if k < len(answers.get(arm, []))}}
+                             for k, t in enumerate(tasks)]
     if "none" in arms_out and "digest" in arms_out and "exact_count" in arms_out["digest"]:
         base = arms_out["none"]["exact_count"]
         report["exact_ratio_digest_vs_none"] = round(arms_out["digest"]["exact_count"] / base, 2) if base else None

@@ -72,3 +72,14 @@ def test_common_tokens_are_dropped_from_queries():
     hits = index.search("self common_name rare7", 3)
     assert hits[0].chunk_id == 7
     assert index.search("self", 3)  # all-common query still answers
+
+
+def test_containing_finds_a_whole_identifier_and_leaves_a_path_out():
+    index = Bm25Index()
+    index.add(1, "/a.py", chunk_tokens("class MIMEText(MIMENonMultipart):\n    pass"))
+    index.add(2, "/b.py", chunk_tokens("x = MIMENonMultipart('audio')"))
+    index.add(3, "/c.py", chunk_tokens("mime = non_multipart = 1  # the parts alone are not the name"))
+    index.commit()
+    assert sorted(index.containing("MIMENonMultipart", 5)) == [1, 2]
+    assert index.containing("MIMENonMultipart", 5, exclude_path="/a.py") == [2]
+    assert index.containing("Missing", 5) == [] and index.containing("", 5) == []

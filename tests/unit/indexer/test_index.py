@@ -38,6 +38,9 @@ def test_build_search_definitions(workspace, make_index):
         assert hits[0].start_line >= 1 and hits[0].end_line >= hits[0].start_line
     hits = index.search("parse_config", k=5, exclude=workspace / "util.py")
     assert hits and all(not c.path.endswith("util.py") for c in hits)
+    used = index.mentions("parse_config", 5, exclude=workspace / "app.py")
+    assert used and {os.path.basename(c.path) for c in used} == {"util.py"}  # its definition and load_all's call
+    assert "parse_config" in {os.path.basename(c.path): c.text for c in index.mentions("parse_config", 5)}["app.py"]
     (d,) = index.definitions("parse_config")
     assert d.path == str(workspace / "util.py") and (d.start_line, d.end_line) == (1, 3)
     assert index.chunk(d.chunk_id).text.startswith("def parse_config")

@@ -120,3 +120,27 @@ def test_a_bestfirst_arm_shows_the_same_snippets_in_the_other_order(tmp_path, mo
     report = _run(args)
     a, b = report["arms"]["digest"], report["arms"]["digest-bestfirst"]
     assert a["in_prompt"] == b["in_prompt"] == 1.0 and a["context_tokens_mean"] == b["context_tokens_mean"]
+
+
+def test_from_line_start_chooses_the_snippets_at_the_lines_start_and_answers_lists_each_task(tmp_path, monkeypatch, cache):
+    from lsp_server.context import ContextFinder
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    root = workspace(tmp_path / "ws")
+    chosen_at: list[str] = []
+    choose = ContextFinder._choose
+
+    def spy(self, ctx, *a, **k):
+        chosen_at.append(ctx.line)
+        return choose(self, ctx, *a, **k)
+
+    monkeypatch.setattr(ContextFinder, "_choose", spy)
+    for from_line_start, lines in ((False, {"    s = ", "    return "}), (True, {"    "})):
+        chosen_at.clear()
+        args = argparse.Namespace(workspace=root, tasks=10, seed=0, arms="digest", no_model=False, target="tiny",
+                                  json=True, answers=True, from_line_start=from_line_start)
+        report = _run(args)
+        assert set(chosen_at) == lines  # the memo answers the cut's own request when chosen at the line's start
+        assert [(a["name"], a["expected"]) for a in report["answers"]] == [("Shape", "Shape('sq', n)"),
+                                                                             ("area_of", "area_of(s, 2.0)")]
+        assert all(isinstance(a["digest"], str) for a in report["answers"])

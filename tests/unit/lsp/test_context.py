@@ -209,3 +209,41 @@ def test_with_the_real_index_the_imported_definition_reaches_the_prompt(tmp_path
         assert done.chunks[0].text.startswith("def rotate_point(x, y, angle):")
     finally:
         index.close()
+
+
+def test_the_digest_brings_a_usage_line_of_its_best_name_from_another_file(tmp_path):
+    """For the name the digest ranks first, a line elsewhere that uses it (not its definition, an import
+    or a comment, nor a line of the current file), the one shaped like the cursor's line; it opens the
+    snippet list, so the prompt shows it next to the current file."""
+    import indexer
+
+    ws = tmp_path / "ws"
+    (ws / "mime").mkdir(parents=True)
+    (ws / "mime" / "__init__.py").write_text("")
+    (ws / "mime" / "base.py").write_text(
+        "class MIMEBase:\n    '''A MIME part.'''\n\n    def __init__(self, maintype, subtype):\n        self.t = maintype\n")
+    (ws / "mime" / "text.py").write_text(
+        "from mime.base import MIMEBase\n\n# MIMEBase is the parent of every part\n\n\n"
+        "def make(kind):\n    return MIMEBase('text', kind)\n\n\nclass MIMEText(MIMEBase):\n    pass\n")
+    audio = ws / "mime" / "audio.py"
+    text = "from mime.base import MIMEBase\n\n\nclass MIMEAudio("
+    audio.write_text(text + "MIMEBase):\n    pass\n\n\nclass Later(MIMEBase):\n    pass\n")
+    index = indexer.Index([ws], indexer.IndexConfig(cache_dir=tmp_path / "cache"), embedder=None)
+    try:
+        index.build()
+        handle = IndexHandle()
+        handle.index, handle.state = index, "ready"
+        cfg = CompletionConfig()
+        finder = ContextFinder(handle, [ws], display_path)
+
+        def first_snippet(before):
+            s = Snapshot(uri=audio.as_uri(), version=1, language="python", path="mime/audio.py", before=before, after="")
+            ctx = context_for(s, build_request(s, cfg), cfg)
+            return finder.snippets(ctx, 0, 0, 12, 120, None, 200)[0]
+
+        usage = first_snippet(text)
+        assert (usage.path, usage.text, usage.start_line) == ("mime/text.py", "class MIMEText(MIMEBase):", 10)
+        call = first_snippet("from mime.base import MIMEBase\n\n\ndef make_audio():\n    return ")
+        assert (call.path, call.text) == ("mime/text.py", "return MIMEBase('text', kind)")
+    finally:
+        index.close()

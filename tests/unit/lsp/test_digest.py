@@ -239,8 +239,10 @@ def test_completer_puts_the_digest_first_and_keeps_it_while_typing(ws):
         request = build_request(snap, cfg)
         completer.complete(request, threading.Event(), context_for(snap, request, cfg))
     first = seen[0]
-    assert first[0].path == display_path(str(root / "geo" / "shapes.py"), [root])
-    assert "\nclass Shape:\n" in first[0].text  # the file's stub, its entries in file order
+    stub = next(s for s in first if "\nclass Shape:\n" in s.text)  # the file's stub, its entries in file order
+    assert stub.path == display_path(str(root / "geo" / "shapes.py"), [root])
+    usages = first[: first.index(stub)]  # before it, at most one line using each of the best two names
+    assert 1 <= len(usages) <= 2 and all("\n" not in u.text and u.start_line == u.end_line for u in usages)
     assert all(s == first for s in seen)  # typing within the line: the same snippets (a reused prompt head)
     off = Completer(Recording(text="x"), CompletionConfig(digest_share=0.0), index, [root])
     snap = Snapshot(uri=(root / "app.py").as_uri(), version=1, language="python", path="app.py", before=MAIN, after="\n")
