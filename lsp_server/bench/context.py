@@ -28,7 +28,8 @@ with the imported name.
 
 ``--from-line-start``: the snippets are chosen where an editor chooses them when the line is typed
 from its start (the product keeps a line's snippets while it is typed, for KV reuse): at the line's
-first character, then the cut's request gets them from the completer's memo. Without it they are
+first character (``context_ms`` is then that request's), and the cut's request gets them from the
+completer's memo. Without it they are
 chosen at the cut, with the line's start in view (CrossCodeEval's setting; a cursor placed mid-line).
 ``--answers`` (with ``--json``) lists each task's expected rest of line and each arm's answer.
 
