@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.prompt import fit_snippets
+from engine.prompt import fit_snippets, snippet_cost
 from engine.types import Snippet
 from indexer.imports import Import, resolve
 from lsp_server.digest import Digest, cursor_hint, fit
@@ -121,8 +121,8 @@ def _module_matches(module: str, path: str) -> bool:
 STICKY_LINES = 30
 # Usage lines: for the digest's best USAGE_NAMES names, one line from another file that uses the name,
 # shown next to the current file (ContextFinder._usages). `draftline bench context` on email, _pytest,
-# click and rich (the digest arm, 128 tasks): exact 20 -> 29, edit similarity 0.45 -> 0.52 at the cut;
-# 19 -> 21 and 0.45 -> 0.48 with the snippets chosen at the line's start. 1 or 3 names: 28 at the cut.
+# click and rich (the digest arm, 128 tasks, commit 5d57a0c against the first with usage lines): exact
+# 20 -> 28, edit similarity 0.45 -> 0.52 at the cut. One or three names, tried once, did no better.
 USAGE_NAMES = 2
 USAGE_CHUNKS = 12  # chunks holding the name, searched for its lines
 USAGE_CHARS = 160
@@ -195,7 +195,7 @@ class ContextFinder:
             # the digest's budget, taken from what follows (definitions, chunks), not from the stubs
             room = digest_tokens // 3
             for u in self._usages(ctx, entries[:USAGE_NAMES]):
-                cost = counter(u.text) + counter(u.path) + 3
+                cost = snippet_cost(u, counter)
                 if cost <= room:
                     out.append(u)
                     room -= cost
@@ -255,9 +255,10 @@ class ContextFinder:
             best: tuple[float, Snippet] | None = None
             own = os.path.abspath(e.path)
             for c in chunks:
+                in_own = os.path.abspath(c.path) == own
                 for k, line in enumerate(c.text.split("\n")):
                     code = line.strip()
-                    if os.path.abspath(c.path) == own and e.start_line <= c.start_line + k <= e.end_line:
+                    if in_own and e.start_line <= c.start_line + k <= e.end_line:
                         continue  # the definition itself (``UNSET = Sentinel()``)
                     if not code or code.startswith(_NOT_USES) or definition.match(code):
                         continue
