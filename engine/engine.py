@@ -34,7 +34,11 @@ class EngineConfig:
     backend: str = "auto"  # transformers | lean | auto (lean where it runs the architecture exactly)
     quant: str = "none"  # lean decoder weights for decode/verify: none (the dtype's) | int8 (CPU, bfloat16)
     remember_completions: int = 16  # previous completions the n-gram drafter may copy from
-    # every field reaches model.options through load_engine: template, backend, quant, prompt_tokens
+    # the lean decoder's short forwards (decode, verify, trees) as CUDA graphs on a GPU (engine/graphs.py);
+    # off until `draftline bench gpu` has measured it on one; ignored on the CPU, where verify rows stay exact
+    # only through one-query-at-a-time attention
+    cuda_graphs: bool = False
+    # every field reaches model.options through load_engine: template, backend, quant, cuda_graphs, prompt_tokens
     # (budget.total), snippet_share (budget.snippet_share), remember_completions, and SpecConfig's
 
 
@@ -57,8 +61,9 @@ class Engine:
         tok = target.tokenizer
         template = TEMPLATES[config.template] if config.template != "auto" else detect_template(tok, target.name)
         shared = min(target.vocab_size, draft.vocab_size) if draft else None
-        self.target_lm = make_lm(target, shared, config.backend, config.budget.total, config.quant)
-        self.draft_lm = make_lm(draft, shared, config.backend, config.budget.total, config.quant) if draft else None
+        self.target_lm = make_lm(target, shared, config.backend, config.budget.total, config.quant, config.cuda_graphs)
+        self.draft_lm = make_lm(draft, shared, config.backend, config.budget.total, config.quant,
+                                config.cuda_graphs) if draft else None
         capacity = min(self.target_lm.capacity, self.draft_lm.capacity if self.draft_lm else 1 << 30)
         budget = config.budget
         reserve = min(512, capacity // 4)  # room to generate within the model's context
@@ -271,11 +276,12 @@ BACKENDS = ("auto", "lean", "transformers", "llamacpp")
 BOUNDARY_PROBES = ("x", "self", "return", "value", "i", "1", "(", "_", '"', "[", "=", ".", ":", "s")
 
 
-def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int, quant: str = "none"):
+def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int, quant: str = "none",
+            cuda_graphs: bool = False):
     """The forward backend for one model: the lean static-cache decoder where it applies, else transformers.
 
     backend="llamacpp" (optional extra `draftline[llamacpp]`) runs the model's GGUF on llama.cpp.
-    `quant` applies to the lean decoder only (transformers runs the loaded dtype).
+    `quant` and `cuda_graphs` (a GPU only) apply to the lean decoder only (transformers runs the loaded dtype).
     """
     max_len = min(int(getattr(loaded.config, "max_position_embeddings", 8192)), prompt_budget + 4096)
     if backend == "llamacpp":  # imported only when asked for; a clear ImportError when the extra is missing
@@ -287,7 +293,10 @@ def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_b
     why = lean.supports(loaded.config)
     if backend == "lean" or (backend == "auto" and why is None):
         source = loaded.weights if loaded.weights is not None else loaded.model
-        return lean.LeanLM(source, loaded.device, vocab_limit=vocab_limit, max_len=max_len, quant=quant)
+        graphs = cuda_graphs and loaded.device.type == "cuda"
+        if cuda_graphs and not graphs:
+            log.info("%s: cuda_graphs applies on a GPU only; running eagerly on %s", loaded.name, loaded.device)
+        return lean.LeanLM(source, loaded.device, vocab_limit=vocab_limit, max_len=max_len, quant=quant, graphs=graphs)
     if backend == "auto":
         log.info("%s: transformers backend (%s)", loaded.name, why)
     return CachedLM(loaded.model, loaded.device, vocab_limit=vocab_limit)
@@ -313,7 +322,7 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
                 trust_remote_code: bool = False, config: EngineConfig = EngineConfig(),
                 backend: str | None = None, quant: str = "auto", prompt_tokens: int | None = None,
                 template: str | None = None, snippet_share: float | None = None,
-                remember_completions: int | None = None, **spec: Any) -> Engine:
+                remember_completions: int | None = None, cuda_graphs: bool | None = None, **spec: Any) -> Engine:
     """Load a target (and optional draft sharing its tokenizer) and build an Engine.
 
     ``draft="self:N"`` drafts with the target's own first N layers and its head (``"self:N:K"``: a
@@ -328,7 +337,8 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     4-bit blocks) or int8 weights for decode and verify (``quant``); other models keep float32 there. ``prompt_tokens`` caps the
     prompt (default: CPU_PROMPT_TOKENS on the CPU, GPU_PROMPT_TOKENS on a GPU); ``snippet_share`` is
     the share of it cross-file context may take; ``template`` names the prompt format (a family of
-    engine.prompt.TEMPLATES) where detection from the tokenizer is wrong.
+    engine.prompt.TEMPLATES) where detection from the tokenizer is wrong. ``cuda_graphs`` replays the lean
+    decoder's decode and verify forwards as CUDA graphs on a GPU (engine.graphs).
     """
     if unknown := sorted(set(spec) - set(SPEC_OPTIONS)):
         raise ValueError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(SPEC_OPTIONS)}")
@@ -350,6 +360,10 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
         config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, snippet_share=snippet_share))
     if remember_completions is not None:
         config = dataclasses.replace(config, remember_completions=max(0, int(remember_completions)))
+    if cuda_graphs is not None:
+        if not isinstance(cuda_graphs, bool):
+            raise ValueError(f"cuda_graphs must be true or false, not {cuda_graphs!r}")
+        config = dataclasses.replace(config, cuda_graphs=cuda_graphs)
     if config.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {config.backend!r}")
     if quant not in QUANTS:

@@ -258,8 +258,11 @@ class LeanLM:
     supports_tree = True  # engine.tree.tree_support(lm) reads this; CachedLM has no trees
 
     def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None, max_len: int = 4096,
-                 chunk: int | None = None, quant: str = "none"):
-        """`model`: a transformers model, or `Weights` (a directory read without transformers)."""
+                 chunk: int | None = None, quant: str = "none", graphs: bool = False):
+        """`model`: a transformers model, or `Weights` (a directory read without transformers).
+
+        `graphs`: forwards of up to engine.graphs.MAX_ROWS tokens (decode, verify, trees) run as CUDA
+        graphs on a GPU (engine/graphs.py; eagerly elsewhere, through the same code)."""
         source = model if isinstance(model, Weights) else Weights.from_model(model)
         cfg = source.config
         why = supports(cfg)
@@ -337,6 +340,11 @@ class LeanLM:
         self.set_cache(torch.zeros(shape, dtype=kv_dtype, device=device))
         self.model = model
         self.hidden: torch.Tensor | None = None  # see keep_hidden
+        self.graphs = None
+        if graphs:
+            from engine.graphs import Graphs
+
+            self.graphs = Graphs(self)
 
     def keep_hidden(self) -> torch.Tensor:
         """From now on, every forward also writes its last layer's output (before the final norm) per
@@ -350,6 +358,8 @@ class LeanLM:
         """Use `kv` (layers, k|v, KVH, L, D) as the KV cache, with its per-layer views made once."""
         self.kv = kv
         self._kv_views = [(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])]  # (KVH, L, D) each
+        if getattr(self, "graphs", None) is not None:
+            self.graphs.reset()  # they write to the old cache's addresses
 
     def reset(self) -> None:
         self.tokens = []
@@ -404,6 +414,10 @@ class LeanLM:
         """One forward of all of `new_tokens`; logits of the last `keep` (None when keep is 0)."""
         start, t = len(self.tokens), len(new_tokens)
         end = start + t
+        if self.graphs is not None and t <= self.graphs.max_rows:
+            logits = self.graphs.run(new_tokens, start)
+            self.tokens.extend(int(tok) for tok in new_tokens)
+            return self._limit(logits[-keep:]) if keep else None
         ids = torch.tensor(list(new_tokens), dtype=torch.long, device=self.device)
         x = self._inputs(ids, start, end)  # (T, C)
         cos, sin = self.cos[start:end], self.sin[start:end]  # (T, D)
@@ -457,10 +471,11 @@ class LeanLM:
         if keep == 0:
             return None
         x = x[-keep:]
-        logits = self.lm_head(self._rms(x, self.final_norm, self.eps)).float()
-        if self.vocab_limit is not None:
-            logits = logits[:, : self.vocab_limit]
-        return logits
+        return self._limit(self.lm_head(self._rms(x, self.final_norm, self.eps)).float())
+
+    def _limit(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits over the vocabulary shared with another model (all of them without a limit)."""
+        return logits if self.vocab_limit is None else logits[:, : self.vocab_limit]
 
     @torch.inference_mode()
     def forward_tree(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
@@ -495,6 +510,13 @@ class LeanLM:
         if room > self.max_len:
             raise ValueError(f"a tree needing {room} positions exceeds the lean cache ({self.max_len})")
         self.forwards += 1
+        if self.graphs is not None and n <= self.graphs.max_rows:
+            # node i's K/V land at slot start + i, as the masked path below writes them; keep_path reads copies
+            logits = self.graphs.run(tokens, start, parents)
+            tree_kv = self.kv[:, :, :, start : start + n].clone()
+            hidden = None if self.hidden is None else self.hidden[start : start + n].clone()
+            self._tree = (start, self.forwards, [int(t) for t in tokens], list(parents), tree_kv, hidden)
+            return self._limit(logits)
         ids = torch.tensor(list(tokens), dtype=torch.long, device=self.device)
         pos = torch.tensor([start + dd for dd in depth], dtype=torch.long, device=self.device)
         x = self.embed[ids]  # (N, C)
@@ -544,10 +566,7 @@ class LeanLM:
             gate, up = wgu(self._rms(x, ln2, self.eps)).split(self.ffn, -1)
             x = x + wdown(torch.nn.functional.silu(gate) * up)
         self._tree = (start, self.forwards, [int(t) for t in tokens], list(parents), tree_kv, x)
-        logits = self.lm_head(self._rms(x, self.final_norm, self.eps)).float()
-        if self.vocab_limit is not None:
-            logits = logits[:, : self.vocab_limit]
-        return logits
+        return self._limit(self.lm_head(self._rms(x, self.final_norm, self.eps)).float())
 
     def keep_path(self, nodes: Sequence[int]) -> None:
         """After forward_tree: append the path `nodes` (a root, its child, ...) to the sequence.

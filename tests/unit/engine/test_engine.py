@@ -306,6 +306,11 @@ def test_every_engine_config_field_reaches_model_options(model_dirs):
         load_engine(str(model_dirs["target"]), None, template="nonesuch")
     with pytest.raises(ValueError, match="snippet_share"):
         load_engine(str(model_dirs["target"]), None, snippet_share=1.5)
+    # CUDA graphs are a GPU's: asked for on the CPU, the lean decoder keeps its exact eager path
+    eng = load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32", cuda_graphs=True)
+    assert eng.config.cuda_graphs and eng.target_lm.graphs is None and eng.draft_lm.graphs is None
+    with pytest.raises(ValueError, match="cuda_graphs"):
+        load_engine(str(model_dirs["target"]), None, cuda_graphs="yes")
 
 
 def test_apply_overrides_sets_the_spec_later_requests_run_with(engine):

@@ -1,0 +1,166 @@
+"""CUDA graphs over the lean decoder's short forwards (decode, verify, a token tree): one graph per shape.
+
+A GPU decode step of a Python forward is mostly launch time for small models: ~20 kernels a layer,
+each a few microseconds of host work, while SmolLM2-135M's weights stream in ~0.1 ms. A CUDA graph
+replays the whole forward as one launch. A graph needs fixed shapes and fixed addresses, so the
+graphed forward (`static_forward`) differs from `LeanLM._forward` in three ways:
+- the inputs (token ids, the first position, each row's depth and ancestors) are tensors in
+  buffers the graph reads, copied in before each replay;
+- K/V are written with `index_copy_` at positions computed on the device;
+- attention covers a fixed span of the cache (a power of two from 256, or the cache's length) under a
+  mask: keys before the first new position, plus each row's ancestors among the new rows. A chain
+  of k tokens is the tree where row i's ancestors are rows 0..i.
+
+One graph per (rows, span, tree or chain, hidden kept or not), captured lazily with the real inputs
+of its first call (so the warm-up runs compute what the call wants), sharing one memory pool:
+graphs replay one at a time, and each result is cloned before the next replay. Without CUDA
+(`capture` False: CPU, CI) the same function runs eagerly, which is how the tests check it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+
+if TYPE_CHECKING:
+    from engine.lean import LeanLM
+
+MAX_ROWS = 16  # longer forwards (prefill chunks) run eagerly: one launch is no longer most of their time
+MIN_SPAN = 256
+
+
+def span_for(end: int, max_len: int) -> int:
+    """The attention span a forward ending at position `end` runs over: the next power of two from
+    MIN_SPAN, at most the cache's length. Spans keep a short context from reading the whole cache
+    (SmolLM2's K/V at 4k are 94 MB against 270 MB of weights) with few graphs: five for a 4k cache."""
+    span = MIN_SPAN
+    while span < end:
+        span *= 2
+    return min(span, max_len)
+
+
+def tree_inputs(parents: Sequence[int]) -> tuple[list[int], list[list[bool]]]:
+    """Depths and ancestor-or-self rows of a token tree (parents[i] < i, -1 for a root)."""
+    depth: list[int] = []
+    anc: list[list[bool]] = []
+    n = len(parents)
+    for i, p in enumerate(parents):
+        if p != -1 and not 0 <= p < i:
+            raise ValueError(f"parents[{i}] = {p}: a parent is -1 or an earlier node")
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+        row = list(anc[p]) if p >= 0 else [False] * n
+        row[i] = True
+        anc.append(row)
+    return depth, anc
+
+
+def static_forward(lm: LeanLM, ids: torch.Tensor, start: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor,
+                   span: int) -> torch.Tensor:
+    """Float32 logits (N, V) of N new rows after the cache, with shapes fixed by (N, span) only.
+
+    ids (N,): the rows' tokens; start (): the first new position; depth (N,): row i sits at RoPE
+    position start + depth[i]; anc (N, N) bool: the rows row i attends to among the new ones. Row
+    i's K/V go to slot start + i. Keys at and after start + N are masked, whatever they hold.
+    Called under inference mode (LeanLM.forward); undecorated, so that torch.compile can trace it.
+    """
+    n = ids.shape[0]
+    h, kvh, d = lm.n_heads, lm.n_kv, lm.head_dim
+    group = h // kvh
+    arange = torch.arange(max(n, span), device=ids.device)
+    slots = start + arange[:n]  # (N,)
+    pos = start + depth
+    allowed = arange[:span].unsqueeze(0) < start  # (N, span): the cache before the new rows
+    allowed = allowed.expand(n, span).clone().index_copy_(1, slots, anc)
+    mask = allowed.repeat(group, 1)  # rows: the heads sharing a KV head, each with its N queries
+    x = torch.nn.functional.embedding(ids, lm.embed)  # (N, C)
+    cos, sin = lm.cos.index_select(0, pos), lm.sin.index_select(0, pos)  # (N, D)
+    for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(lm.layers):
+        qkv = wqkv(lm._rms(x, ln1, lm.eps))  # (N, (H + 2 KVH) D)
+        qk = lm._rotate(qkv[:, : (h + kvh) * d].view(n, h + kvh, d).transpose(0, 1), cos, sin)  # (H + KVH, N, D)
+        cache_k, cache_v = lm._kv_views[li]  # (KVH, L, D)
+        cache_k.index_copy_(1, slots, qk[h:].to(cache_k.dtype))
+        cache_v.index_copy_(1, slots, qkv[:, (h + kvh) * d :].view(n, kvh, d).transpose(0, 1).to(cache_v.dtype))
+        q = qk[:h].reshape(1, kvh, group * n, d).to(cache_k.dtype)  # the heads sharing a KV head as rows of one query
+        # 4-D, so that CUDA's fused (memory-efficient) kernel can take the mask
+        att = torch.nn.functional.scaled_dot_product_attention(
+            q, cache_k[None, :, :span], cache_v[None, :, :span], attn_mask=mask)  # (1, KVH, G*N, D)
+        att = att.to(x.dtype).reshape(h, n, d).transpose(0, 1).reshape(n, h * d)  # (N, C)
+        x = x + wo(att)
+        gate, up = wgu(lm._rms(x, ln2, lm.eps)).split(lm.ffn, -1)
+        x = x + wdown(torch.nn.functional.silu(gate) * up)
+    if lm.hidden is not None:
+        lm.hidden.index_copy_(0, slots, x)
+    return lm.lm_head(lm._rms(x, lm.final_norm, lm.eps)).float()
+
+
+class Graphs:
+    """The graphed forwards of one LeanLM: `run(tokens, start)` for a chain, `run(..., parents=...)` for a tree."""
+
+    def __init__(self, lm: LeanLM, capture: bool | None = None, max_rows: int = MAX_ROWS, compile: str | None = None):
+        """`compile`: a torch.compile backend ("inductor" fuses the ~35 small kernels a layer runs into
+        fewer; "eager" only traces, for tests) applied to the forward before capture; one compilation
+        per graph shape. None: the forward as written."""
+        self.lm, self.max_rows = lm, max_rows
+        self._fn = static_forward if compile is None else torch.compile(static_forward, backend=compile, dynamic=False)
+        self.capture = lm.device.type == "cuda" if capture is None else capture
+        dev = lm.device
+        self._ids = torch.zeros(max_rows, dtype=torch.long, device=dev)
+        self._start = torch.zeros((), dtype=torch.long, device=dev)
+        self._depth = torch.zeros(max_rows, dtype=torch.long, device=dev)
+        self._anc = torch.zeros(max_rows, max_rows, dtype=torch.bool, device=dev)
+        self._chain = {n: (torch.arange(n, device=dev), torch.ones(n, n, dtype=torch.bool, device=dev).tril())
+                       for n in range(1, max_rows + 1)}
+        self._graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.captures = 0
+
+    def reset(self) -> None:
+        """Forget every graph (the cache or the weights they read were replaced)."""
+        self._graphs.clear()
+
+    def run(self, tokens: Sequence[int], start: int, parents: Sequence[int] | None = None) -> torch.Tensor:
+        """Logits (N, V) of `tokens` after `start` cached positions; writes their K/V at start..start+N-1."""
+        n = len(tokens)
+        if not 0 < n <= self.max_rows:
+            raise ValueError(f"a graphed forward takes 1..{self.max_rows} rows, not {n}")
+        lm = self.lm
+        span = span_for(start + n, lm.max_len)
+        if start + n > span:
+            raise ValueError(f"{start + n} positions exceed the lean cache ({lm.max_len})")
+        self._ids[:n].copy_(torch.tensor(list(tokens), dtype=torch.long), non_blocking=False)
+        self._start.fill_(start)
+        if parents is None:
+            depth, anc = self._chain[n]
+        else:
+            if len(parents) != n:
+                raise ValueError("one parent per token")
+            d, a = tree_inputs(parents)
+            self._depth[:n].copy_(torch.tensor(d))
+            self._anc[:n, :n].copy_(torch.tensor(a))
+            depth, anc = self._depth[:n], self._anc[:n, :n]
+        key = (n, span, parents is not None, lm.hidden is not None)
+        args = (self._ids[:n], self._start, depth, anc, span)
+        if not self.capture:
+            return self._fn(lm, *args)
+        entry = self._graphs.get(key)
+        if entry is None:
+            entry = self._graphs[key] = self._capture(args)
+        graph, out = entry
+        graph.replay()
+        return out.clone()
+
+    def _capture(self, args: tuple) -> tuple[Any, torch.Tensor]:
+        # warm-up on a side stream first (cuBLAS and the allocator set up outside the capture), as
+        # torch.cuda.graphs documents; with the call's real inputs, so its K/V writes are the ones wanted
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._fn(self.lm, *args)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = self._fn(self.lm, *args)
+        self.captures += 1
+        return graph, out
