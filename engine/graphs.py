@@ -97,11 +97,18 @@ def static_forward(lm: LeanLM, ids: torch.Tensor, start: torch.Tensor, depth: to
 class Graphs:
     """The graphed forwards of one LeanLM: `run(tokens, start)` for a chain, `run(..., parents=...)` for a tree."""
 
-    def __init__(self, lm: LeanLM, capture: bool | None = None, max_rows: int = MAX_ROWS, compile: str | None = None):
+    def __init__(self, lm: LeanLM, capture: bool | None = None, max_rows: int = MAX_ROWS, compile: str | None = None,
+                 pad: bool = False):
         """`compile`: a torch.compile backend ("inductor" fuses the ~35 small kernels a layer runs into
         fewer; "eager" only traces, for tests) applied to the forward before capture; one compilation
-        per graph shape. None: the forward as written."""
-        self.lm, self.max_rows = lm, max_rows
+        per graph shape. None: the forward as written.
+
+        `pad`: every forward runs `max_rows` rows, the real ones first. A row's GEMMs then run the same
+        kernels whether it is a decode step or one of a verify's rows (cuBLAS picks its kernel by the
+        row count, and two kernels may round differently), so a verify row can be the decode step bit
+        for bit; on a memory-bound GPU the padding rows cost little (`bench gpu` prints a k=16 forward
+        in steps). One graph per span then serves every forward."""
+        self.lm, self.max_rows, self.pad = lm, max_rows, pad
         self._fn = static_forward if compile is None else torch.compile(static_forward, backend=compile, dynamic=False)
         self.capture = lm.device.type == "cuda" if capture is None else capture
         dev = lm.device
@@ -124,31 +131,37 @@ class Graphs:
         n = len(tokens)
         if not 0 < n <= self.max_rows:
             raise ValueError(f"a graphed forward takes 1..{self.max_rows} rows, not {n}")
+        if parents is not None and len(parents) != n:
+            raise ValueError("one parent per token")
         lm = self.lm
-        span = span_for(start + n, lm.max_len)
-        if start + n > span:
+        if start + n > lm.max_len:
             raise ValueError(f"{start + n} positions exceed the lean cache ({lm.max_len})")
-        self._ids[:n].copy_(torch.tensor(list(tokens), dtype=torch.long), non_blocking=False)
+        # padded, the real rows come first and the rest attend only to themselves; near the cache's end,
+        # where the padding has no room, the real rows run alone
+        rows = self.max_rows if self.pad and start + self.max_rows <= lm.max_len else n
+        span = span_for(start + rows, lm.max_len)
+        self._ids[:rows].copy_(torch.tensor(list(tokens) + [0] * (rows - n), dtype=torch.long))
         self._start.fill_(start)
-        if parents is None:
-            depth, anc = self._chain[n]
+        buffered = parents is not None or rows > n
+        if buffered:
+            d, a = tree_inputs(parents if parents is not None else range(-1, n - 1))
+            d += [0] * (rows - n)
+            a = [r + [False] * (rows - n) for r in a] + [[j == i for j in range(rows)] for i in range(n, rows)]
+            self._depth[:rows].copy_(torch.tensor(d))
+            self._anc[:rows, :rows].copy_(torch.tensor(a))
+            depth, anc = self._depth[:rows], self._anc[:rows, :rows]
         else:
-            if len(parents) != n:
-                raise ValueError("one parent per token")
-            d, a = tree_inputs(parents)
-            self._depth[:n].copy_(torch.tensor(d))
-            self._anc[:n, :n].copy_(torch.tensor(a))
-            depth, anc = self._depth[:n], self._anc[:n, :n]
-        key = (n, span, parents is not None, lm.hidden is not None)
-        args = (self._ids[:n], self._start, depth, anc, span)
+            depth, anc = self._chain[n]
+        args = (self._ids[:rows], self._start, depth, anc, span)
         if not self.capture:
-            return self._fn(lm, *args)
+            return self._fn(lm, *args)[:n]
+        key = (rows, span, buffered, lm.hidden is not None)
         entry = self._graphs.get(key)
         if entry is None:
             entry = self._graphs[key] = self._capture(args)
         graph, out = entry
         graph.replay()
-        return out.clone()
+        return out[:n].clone()
 
     def _capture(self, args: tuple) -> tuple[Any, torch.Tensor]:
         # warm-up on a side stream first (cuBLAS and the allocator set up outside the capture), as

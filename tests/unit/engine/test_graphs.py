@@ -142,3 +142,26 @@ def test_the_forward_traces_under_torch_compile():
             assert torch.allclose(eager.forward(new), traced.forward(new), atol=1e-4)
     finally:
         torch._dynamo.reset()
+
+
+def test_padded_forwards_give_a_verify_row_the_decode_steps_bits():
+    """pad=True: decode steps and verify rows all run MAX_ROWS rows, so (bf16, one span) a verify row is
+    the decode step bit for bit; near the cache's end the real rows run alone and stay correct. (On this
+    AVX2 CPU unpadded rows match too; on a GPU the row count picks the GEMM kernel: `bench gpu` measures both.)"""
+    from engine.graphs import Graphs
+
+    model = tiny_model("qwen2", seed=4, hidden=64).to(torch.bfloat16)
+    lm, eager = LeanLM(model, CPU, max_len=64), LeanLM(model, CPU, max_len=64)
+    lm.graphs = Graphs(lm, pad=True)
+    rng = random.Random(2)
+    prompt, fed = [rng.randrange(96) for _ in range(20)], [rng.randrange(96) for _ in range(12)]
+    lm.forward(prompt)
+    steps = torch.cat([lm.forward([t]) for t in fed])
+    lm.truncate(len(prompt))
+    for j in range(0, 12, 4):
+        rows = lm.forward(fed[j : j + 4])
+        assert all(torch.equal(rows[i], steps[j + i]) for i in range(4)), j
+    eager.forward(prompt + fed)
+    lm.forward(list(range(3, 3 + 64 - 33)))  # 63 cached: no room for 16 rows
+    eager.forward(list(range(3, 3 + 64 - 33)))
+    assert torch.allclose(lm.forward([5]).float(), eager.forward([5]).float(), atol=0.05)
