@@ -395,7 +395,8 @@ def report(results: dict) -> str:
                          f"lean {_fmt(get('lean_decode_ms'))}, graphs {_fmt(g)}"
                          + (f", graphs + compiled {_fmt(comp, 3)}" if comp else "")
                          + f", graphs padded to {MAX_ROWS} rows {_fmt(get('padded_decode_ms'))}; floor {_fmt(floor, 3)}"
-                         + (f" (graphs / floor {g / floor:.2f})" if g and floor else ""))
+                         + (f" (over the floor: lean {get('lean_decode_ms') / floor:.2f}x, graphs {g / floor:.2f}x)"
+                            if g and floor and get("lean_decode_ms") else ""))
             for label in ("lean", "graphs"):
                 v = get(f"{label}_verify_steps")
                 if v:
