@@ -108,6 +108,7 @@ class EagleLM(LeanLM):
             raise ValueError(f"this EAGLE draft was trained for another model: fc {tuple(tensors['fc.weight'].shape)}, "
                              f"qkv rows {tensors['qkv.weight'].shape[0]}; the target has hidden {hidden}, qkv rows {qkv_rows}")
         vars(self).update(vars(target))  # the target's embeddings, norms, RoPE tables, head: the same tensors
+        self.graphs = None  # the target's static forwards run the target's layers and cache, not this draft's
         self._target_hidden = target.keep_hidden()
         dtype, dev = target.embed.dtype, target.device
         quant = target.quant  # int4 on the default model: the layer's 4.2M weights read half int8's bytes

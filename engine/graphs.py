@@ -31,10 +31,13 @@ MAX_ROWS = 16  # longer forwards (prefill chunks) run eagerly: one launch is no 
 MIN_SPAN = 256
 
 
-def span_for(end: int, max_len: int) -> int:
-    """The attention span a forward ending at position `end` runs over: the next power of two from
-    MIN_SPAN, at most the cache's length. Spans keep a short context from reading the whole cache
+def span_for(end: int, max_len: int, step: int | None = None) -> int:
+    """The attention span a forward ending at position `end` runs over, at most the cache's length:
+    the next power of two from MIN_SPAN, or with `step` the next multiple of it (`step` = the cache's
+    length: always the whole cache). Powers of two keep a short context from reading the whole cache
     (SmolLM2's K/V at 4k are 94 MB against 270 MB of weights) with few graphs: five for a 4k cache."""
+    if step:
+        return min(-(-end // step) * step, max_len)
     span = MIN_SPAN
     while span < end:
         span *= 2
@@ -99,7 +102,7 @@ class Graphs:
     """The graphed forwards of one LeanLM: `run(tokens, start)` for a chain, `run(..., parents=...)` for a tree."""
 
     def __init__(self, lm: LeanLM, capture: bool | None = None, max_rows: int = MAX_ROWS, compile: str | None = None,
-                 pad: bool = False):
+                 pad: bool = False, span_step: int | None = None):
         """`compile`: a torch.compile backend ("inductor" fuses a layer's dozens of small kernels into
         fewer; "eager" only traces, for tests) applied to the forward before capture; one compilation
         per graph shape. None: the forward as written.
@@ -108,8 +111,13 @@ class Graphs:
         kernels whether it is a decode step or one of a verify's rows (cuBLAS picks its kernel by the
         row count, and two kernels may round differently), so a verify row can be the decode step bit
         for bit; on a memory-bound GPU the padding rows cost little (`bench gpu` prints a k=16 forward
-        in steps). One graph per span then serves every forward."""
-        self.lm, self.max_rows, self.pad = lm, max_rows, pad
+        in steps). One graph per span then serves every forward.
+
+        `span_step`: spans are multiples of it, else powers of two. With pad and span_step = the cache's
+        length, every forward has the same shapes (one graph), so a row's bits depend on its own inputs
+        only: exact by construction. Padded with bucketed spans, a verify and the decode step at one
+        position can still attend over different spans near a bucket's end."""
+        self.lm, self.max_rows, self.pad, self.span_step = lm, max_rows, pad, span_step
         self._fn = static_forward if compile is None else torch.compile(static_forward, backend=compile, dynamic=False)
         self.capture = lm.device.type == "cuda" if capture is None else capture
         dev = lm.device
@@ -140,7 +148,7 @@ class Graphs:
         # padded, the real rows come first and the rest attend only to themselves; near the cache's end,
         # where the padding has no room, the real rows run alone
         rows = self.max_rows if self.pad and start + self.max_rows <= lm.max_len else n
-        span = span_for(start + rows, lm.max_len)
+        span = span_for(start + rows, lm.max_len, self.span_step)
         self._ids[:rows].copy_(torch.tensor(list(tokens) + [0] * (rows - n), dtype=torch.long))
         self._start.fill_(start)
         buffered = parents is not None or rows > n

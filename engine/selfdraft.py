@@ -87,6 +87,7 @@ class SelfDraftLM(LeanLM):
         # No LeanLM.__init__: take the target's attributes as they are (the same tensor objects),
         # then give this draft its own layer list, cache, head and sequence state.
         vars(self).update(vars(target))
+        self.graphs = None  # the target's static forwards run the target's layers and cache, not this draft's
         self.target = target
         self.layers = target.layers[:layers]
         self.set_cache(torch.zeros_like(target.kv[:layers]))  # (layers, k|v, KVH, L, D), the target's dtype and length

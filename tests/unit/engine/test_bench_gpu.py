@@ -25,14 +25,15 @@ def test_the_bench_runs_every_part_on_a_tiny_shape(tmp_path, capsys):
     (shape,) = res["shapes"]
     errors = {k: v for k, v in shape.items() if isinstance(v, dict) and "error" in v}
     assert not errors
-    for key in ("transformers_decode_ms", "lean_decode_ms", "graphs_decode_ms", "padded_decode_ms", "floor_ms"):
+    for key in ("transformers_decode_ms", "lean_decode_ms", "graphs_decode_ms", "padded_decode_ms",
+                "padded_whole_decode_ms", "floor_ms"):
         assert set(shape[key]) == {"40", "80"} and all(v > 0 for v in shape[key].values()), key
     for label in ("lean", "graphs"):
         steps = shape[f"{label}_verify_steps"]["80"]
         assert steps["1"] == 1.0 and set(steps) == {"1", "2", "4", "tree13"}
     assert shape["prompt_tokens"]["80"] < 80  # the measured forwards end within the context
     assert shape["graph_vs_eager_max_diff"] < 1e-4  # float32: the graphed forward is the eager one
-    for key in ("exactness", "exactness_eager", "exactness_padded", "exactness_fp32_head"):
+    for key in ("exactness", "exactness_eager", "exactness_padded", "exactness_padded_whole", "exactness_fp32_head"):
         e = shape[key]
         assert e["k2"]["verifies"] == 4 and e["k4"]["verifies"] == 2
         assert e["k2"]["verifies_differing"] == 0  # float32 on the CPU: verify rows are decode steps

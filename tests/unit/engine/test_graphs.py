@@ -165,3 +165,24 @@ def test_padded_forwards_give_a_verify_row_the_decode_steps_bits():
     lm.forward(list(range(3, 3 + 64 - 33)))  # 63 cached: no room for 16 rows
     eager.forward(list(range(3, 3 + 64 - 33)))
     assert torch.allclose(lm.forward([5]).float(), eager.forward([5]).float(), atol=0.05)
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_padded_whole_cache_forwards_are_the_decode_steps_bit_for_bit(quant):
+    """pad=True with span_step = the cache's length: every forward has one shape, so a verify row is
+    the decode step at its position bit for bit, wherever it starts (here on the CPU's int8/int4
+    weights, with SmolLM2's head size; a GPU's cuBLAS kernels are chosen by shape alike)."""
+    from engine.graphs import Graphs
+
+    model = tiny_model("llama", seed=7, hidden=256).to(torch.bfloat16)  # 4 heads of 64, as SmolLM2's
+    lm = LeanLM(model, CPU, max_len=600, quant=quant)
+    lm.graphs = Graphs(lm, pad=True, span_step=lm.max_len)
+    rng = random.Random(3)
+    ids = [rng.randrange(96) for _ in range(600)]
+    for base in [40, 250, 255, 500, 509] + [rng.randrange(40, 560) for _ in range(3)]:
+        lm.prefill(ids[: base + 1])
+        lm.truncate(base)
+        steps = torch.cat([lm.forward([t]) for t in ids[base : base + MAX_ROWS]])
+        for k in (2, 5, 8, MAX_ROWS):
+            lm.truncate(base)
+            assert torch.equal(lm.forward(ids[base : base + k]), steps[:k]), (base, k)
