@@ -186,3 +186,16 @@ def test_padded_whole_cache_forwards_are_the_decode_steps_bit_for_bit(quant):
         for k in (2, 5, 8, MAX_ROWS):
             lm.truncate(base)
             assert torch.equal(lm.forward(ids[base : base + k]), steps[:k]), (base, k)
+
+
+def test_a_self_draft_does_not_run_its_targets_graphs():
+    """A self draft copies its target's attributes; the target's graphs (its layers, its cache) stay behind."""
+    from engine.selfdraft import SelfDraftLM
+
+    model = tiny_model("llama", seed=5, layers=3)
+    target = LeanLM(model, CPU, max_len=256, graphs=True)
+    draft, ref = SelfDraftLM(target, 1), SelfDraftLM(LeanLM(model, CPU, max_len=256), 1)
+    assert draft.graphs is None and target.graphs is not None
+    for new in ([3, 4, 5], [6]):
+        assert torch.allclose(draft.forward(new), ref.forward(new), atol=1e-5)
+    assert target.tokens == []  # the draft's forwards never touched the target
