@@ -55,12 +55,13 @@ SHAPES: dict[str, tuple] = {
     "qwen2.5-coder-7b": ("qwen2", 3584, 18944, 28, 28, 4, 151936, False, 1e6, 1e-6),
     "tiny": ("qwen2", 64, 128, 2, 4, 2, 512, True, 10000.0, 1e-6),  # the CPU test's
 }
+DEFAULT_SHAPES = "smollm2-135m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b,qwen2.5-coder-7b"
 TREE13 = [-1, 0, 0, 0, 1, 1, 2, 4, 4, 5, 7, 7, 8]  # 13 nodes, depth 4, at most 3 children: TreeShape()'s size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--shapes", default="smollm2-135m,qwen2.5-coder-0.5b,qwen2.5-coder-1.5b,qwen2.5-coder-7b",
-                   help=f"comma-separated, from: {', '.join(SHAPES)}")
+    p.add_argument("--shapes", help=f"comma-separated, from: {', '.join(SHAPES)} (default: {DEFAULT_SHAPES}; "
+                                     "without a GPU, name them: tiny checks the code)")
     p.add_argument("--contexts", default="512,4096", help="tokens before the measured forwards")
     p.add_argument("--ks", default="1,2,4,8,16", help="verify rows (1 is the plain step)")
     p.add_argument("--steps", type=int, default=32, help="decode steps timed per backend and context")
@@ -434,7 +435,11 @@ def run_bench_gpu(args: argparse.Namespace) -> int:
 
     device = pick_device(args.device)
     dtype = getattr(torch, args.dtype)
-    shapes = [s for s in args.shapes.split(",") if s]
+    if args.shapes is None and device.type != "cuda":
+        print(f"bench gpu: no GPU here ({device}); the default shapes would take hours on a CPU "
+              "(name --shapes to run anyway: tiny checks the code)", file=sys.stderr)
+        return 2
+    shapes = [s for s in (args.shapes or DEFAULT_SHAPES).split(",") if s]
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown:
         print(f"bench gpu: unknown shapes {unknown}; known: {', '.join(SHAPES)}", file=sys.stderr)

@@ -44,9 +44,11 @@ def test_the_bench_runs_every_part_on_a_tiny_shape(tmp_path, capsys):
     assert "decode ms/token" in text and "projection tiny:tiny" in text
 
 
-def test_unknown_shapes_are_refused(capsys):
+def test_unknown_shapes_are_refused_and_the_cpu_needs_them_named(capsys):
     assert main(["bench", "gpu", "--shapes", "tiny,gpt-9"]) == 2
     assert "gpt-9" in capsys.readouterr().err
+    assert main(["bench", "gpu", "--device", "cpu"]) == 2
+    assert "no GPU here" in capsys.readouterr().err
 
 
 def test_projection_arithmetic():
