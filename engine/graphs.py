@@ -20,12 +20,11 @@ graphs replay one at a time, and each result is cloned before the next replay. W
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.lean import LeanLM
+from engine.lean import LeanLM, tree_inputs
 
 MAX_ROWS = 16  # longer forwards (prefill chunks) run eagerly: one launch is no longer most of their time
 MIN_SPAN = 256
@@ -42,21 +41,6 @@ def span_for(end: int, max_len: int, step: int | None = None) -> int:
     while span < end:
         span *= 2
     return min(span, max_len)
-
-
-def tree_inputs(parents: Sequence[int]) -> tuple[list[int], list[list[bool]]]:
-    """Depths and ancestor-or-self rows of a token tree (parents[i] < i, -1 for a root)."""
-    depth: list[int] = []
-    anc: list[list[bool]] = []
-    n = len(parents)
-    for i, p in enumerate(parents):
-        if p != -1 and not 0 <= p < i:
-            raise ValueError(f"parents[{i}] = {p}: a parent is -1 or an earlier node")
-        depth.append(depth[p] + 1 if p >= 0 else 0)
-        row = list(anc[p]) if p >= 0 else [False] * n
-        row[i] = True
-        anc.append(row)
-    return depth, anc
 
 
 def static_forward(lm: LeanLM, ids: torch.Tensor, start: torch.Tensor, depth: torch.Tensor, anc: torch.Tensor,

@@ -496,14 +496,7 @@ class LeanLM:
         n = len(tokens)
         if n == 0 or len(parents) != n:
             raise ValueError("forward_tree needs one parent per token, and at least one token")
-        depth: list[int] = []
-        for i, p in enumerate(parents):
-            if p == -1:
-                depth.append(0)
-            elif 0 <= p < i:
-                depth.append(depth[p] + 1)
-            else:
-                raise ValueError(f"parents[{i}] = {p}: a parent is -1 (the cache's last token) or an earlier node")
+        depth, anc_rows = tree_inputs(parents)
         start = len(self.tokens)
         per_token = self.manual_attention and n <= INT8_MAX_ROWS
         room = start + (max(depth) + 1 if per_token else n)
@@ -527,11 +520,7 @@ class LeanLM:
         if per_token:
             order = _depth_first(parents)
         else:
-            anc = torch.zeros(n, n, dtype=torch.bool)
-            for i, p in enumerate(parents):  # ancestor-or-self rows
-                if p >= 0:
-                    anc[i] = anc[p]
-                anc[i, i] = True
+            anc = torch.tensor(anc_rows, dtype=torch.bool)  # ancestor-or-self rows
             mask = torch.cat([torch.ones(n, start, dtype=torch.bool), anc], 1).to(self.device)  # (N, start + N)
             if self.manual_attention:
                 bias = torch.zeros(n, start + n, dtype=self.kv.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
@@ -591,6 +580,21 @@ class LeanLM:
             if self.hidden is not None:
                 self.hidden[start : start + len(nodes)] = hidden.index_select(0, idx)
         self.tokens.extend(tokens[i] for i in nodes)
+
+
+def tree_inputs(parents: Sequence[int]) -> tuple[list[int], list[list[bool]]]:
+    """Each node's depth and its ancestor-or-self row, for a token tree (parents[i] < i, -1 for a root)."""
+    depth: list[int] = []
+    anc: list[list[bool]] = []
+    n = len(parents)
+    for i, p in enumerate(parents):
+        if p != -1 and not 0 <= p < i:
+            raise ValueError(f"parents[{i}] = {p}: a parent is -1 (the cache's last token) or an earlier node")
+        depth.append(depth[p] + 1 if p >= 0 else 0)
+        row = list(anc[p]) if p >= 0 else [False] * n
+        row[i] = True
+        anc.append(row)
+    return depth, anc
 
 
 def _depth_first(parents: Sequence[int]) -> list[int]:

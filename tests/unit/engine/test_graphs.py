@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from engine.drafters import ModelDrafter, NgramDrafter
-from engine.graphs import MAX_ROWS, span_for, tree_inputs
-from engine.lean import LeanLM
+from engine.graphs import MAX_ROWS, span_for
+from engine.lean import LeanLM, tree_inputs
 from engine.speculative import FixedGamma, generate
 from engine.tree import TreeShape, generate_tree
 from tests.unit.engine.conftest import CPU, naive_greedy, tiny_model
