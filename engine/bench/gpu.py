@@ -139,15 +139,16 @@ def decode_ms(lm, prompt: list[int], steps: int, device) -> float:
     return statistics.median(times)
 
 
-def verify_costs(lm, prompt: list[int], ks: list[int], reps: int, device, tree: bool) -> dict[str, float]:
-    """Median ms of a forward of k rows after `prompt` (k=1: the step), rolled back after each; the ks interleaved."""
+def verify_costs(lm, prompt: list[int], ks: list[int], reps: int, device) -> dict[str, float]:
+    """Median ms of a forward of k rows after `prompt` (k=1: the step) and of a 13-node tree, rolled back
+    after each; the arms interleaved."""
     import random
 
     rng = random.Random(len(prompt))
     lm.reset()
     lm.forward(prompt, keep_logits=1)
     base = len(lm.tokens)
-    arms = [str(k) for k in ks] + (["tree13"] if tree else [])
+    arms = [str(k) for k in ks] + ["tree13"]
     times: dict[str, list[float]] = {a: [] for a in arms}
     for r in range(reps + 1):
         for arm in arms:
@@ -283,7 +284,7 @@ def measure_shape(name: str, args, device, dtype, ks: list[int], contexts: list[
         lm.graphs = Graphs(lm) if graphs else None
         _attempt(res, f"{label}_decode_ms", lambda: {str(c): decode_ms(lm, p, args.steps, device)
                                                      for c, p in prompts.items()})
-        costs = _attempt(res, f"{label}_verify_ms", lambda: {str(c): verify_costs(lm, p, ks, args.reps, device, True)
+        costs = _attempt(res, f"{label}_verify_ms", lambda: {str(c): verify_costs(lm, p, ks, args.reps, device)
                                                              for c, p in prompts.items()})
         if "error" not in costs:
             res[f"{label}_verify_steps"] = {c: {a: v / row["1"] for a, v in row.items()} for c, row in costs.items()}
@@ -377,7 +378,6 @@ def project(draft: dict, target: dict, ks: list[int], rates: list[float]) -> dic
 
 def _fmt(x: Any, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if isinstance(x, (int, float)) else "-" if x is None else "error"
-
 
 
 def report(results: dict) -> str:
