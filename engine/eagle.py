@@ -113,9 +113,13 @@ class EagleLM(LeanLM):
         dtype, dev = target.embed.dtype, target.device
         quant = target.quant  # int4 on the default model: the layer's 4.2M weights read half int8's bytes
         w = {k: v.to(dev, dtype) for k, v in tensors.items()}
-        self.fc = Linear(w["fc.weight"], quant=quant)
-        self.layers = [(w["ln1"], Linear(w["qkv.weight"], quant=quant), Linear(w["o.weight"], quant=quant), w["ln2"],
-                        Linear(w["gate_up.weight"], quant=quant), Linear(w["down.weight"], quant=quant))]
+        nat = target.native  # the target's kernels (engine/native.c) where it has them
+
+        def lin(name: str) -> Linear:
+            return Linear(w[name], quant=quant, native=nat)
+
+        self.fc = lin("fc.weight")
+        self.layers = [(w["ln1"], lin("qkv.weight"), lin("o.weight"), w["ln2"], lin("gate_up.weight"), lin("down.weight"))]
         self.ffn = int(w["down.weight"].shape[1])
         self.set_cache(torch.zeros((1, 2, self.n_kv, self.max_len, self.head_dim), dtype=target.kv.dtype, device=dev))
         self.tokens, self.forwards, self._tree, self.hidden = [], 0, None, None

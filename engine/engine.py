@@ -333,8 +333,8 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     ``backend`` (auto | lean | transformers | llamacpp) overrides ``config.backend``, and SpecConfig
     fields (``drafter``, ``schedule``, ``gamma``, ``draft_confidence``, ...) override ``config.spec``,
     so that the server's ``model.options = { backend = "llamacpp", drafter = "ngram" }`` reaches them.
-    A model from a GGUF file on the CPU runs, by default ("auto"), in bfloat16 with int4 (a file of
-    4-bit blocks) or int8 weights for decode and verify (``quant``); other models keep float32 there. ``prompt_tokens`` caps the
+    A model from a GGUF file on the CPU runs, by default ("auto"), in bfloat16 with int8 weights (with
+    the native kernels; without them int4 for a file of 4-bit blocks) for decode and verify (``quant``); other models keep float32 there. ``prompt_tokens`` caps the
     prompt (default: CPU_PROMPT_TOKENS on the CPU, GPU_PROMPT_TOKENS on a GPU); ``snippet_share`` is
     the share of it cross-file context may take; ``template`` names the prompt format (a family of
     engine.prompt.TEMPLATES) where detection from the tokenizer is wrong. ``cuda_graphs`` replays the lean
@@ -378,11 +378,15 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     # transformers, where bf16 wrote mis-indented code (Gemma-3-270M, 2026-12-05) and is opt-in
     quantized_source = gguf_file is not None and gguf_architecture(gguf_file) in LEAN_GGUF_ARCHITECTURES
     if quant == "auto" and quantized_source and dtype in ("auto", "bfloat16"):
-        # a file of 4-bit blocks decodes with int4 weights (SmolLM2's Q4_1: 12.4 vs 16.3 ms/token for
-        # int8 on this CPU, `draftline bench quant`; held-out quality the same: README), finer files with int8
+        # With draftline's native kernels (engine/native.py), int8: on a 2-core AVX2 VM (2026-12-07,
+        # `draftline bench quant`) SmolLM2's Q4_1 decoded at 19.4 ms/token with them in int8, 20.1 in
+        # int4, 25.2 on torch's int4 kernel, and a 5-row verify cost 1.66 / 1.91 / 2.46 decode steps.
+        # Without them, a file of 4-bit blocks decodes with torch's int4 kernel (12.4 vs 16.3 ms/token
+        # for int8 on an AVX-512 VM; held-out quality the same: README), finer files with int8.
+        from engine import native
         from engine.gguf import decode_quant, quant_types
 
-        quant = decode_quant(quant_types(gguf_file))
+        quant = "int8" if native.lib() is not None else decode_quant(quant_types(gguf_file))
     elif quant == "auto":
         quant = "none"
     if quant in ("int8", "int4") and dtype == "auto":

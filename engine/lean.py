@@ -12,6 +12,10 @@ float32: every row of a verify forward is then the very computation of a decode 
 which keeps greedy speculation identical to plain decoding. `quant="int4"` does the same with int4
 copies (a scale and a zero per 32 inputs, llama.cpp's Q4_1 grid) of all linears but the head,
 which stays int8.
+
+Where engine/native.c can be built (an x86-64 CPU with AVX2 and FMA, and a C compiler), those short
+forwards' per-token attention and int8 products run there instead of in torch ops (`native`): the
+same row-for-row exactness, at a fraction of the per-row dispatch cost (see engine/native.py).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
+from engine import native as native_kernels
 from engine.model import prefill_reusing
 
 log = logging.getLogger(__name__)
@@ -87,35 +92,57 @@ class Linear:
     bits whether it runs alone or with up to INT8_MAX_ROWS others (checked by the tests), so a
     verify forward's rows equal the decode steps of plain greedy and speculation stays lossless.
     A matrix the int4 kernel cannot take (K not a multiple of INT4_GROUP, N not of 16) stays int8.
+
+    With `native` (engine/native.c loaded), the int8 and int4 products run there instead: the input
+    is quantized to int8 per block of 32 and multiplied in integers, reading each weight block once
+    for up to four rows. int8 keeps its weights and adds a float32 copy of the scales (`sf`); int4
+    keeps llama.cpp's Q4_1 blocks (`q` nibbles, `s` float32 scales and minima per 32 inputs, `n4`).
     """
 
-    __slots__ = ("w", "b", "q", "s", "int4")
+    __slots__ = ("w", "b", "q", "s", "int4", "sf", "n4")
 
     def __init__(self, w: torch.Tensor, b: torch.Tensor | None = None, quant: str = "none",
-                 packed: tuple[torch.Tensor, torch.Tensor] | None = None):
-        self.w, self.b, self.q, self.s = w, b, None, None
+                 packed: tuple[torch.Tensor, torch.Tensor] | None = None, native: bool = False):
+        self.w, self.b, self.q, self.s, self.sf = w, b, None, None, None
         if quant == "int4" and not int4_fits(w):
             quant = "int8"
         self.int4 = quant == "int4"
+        self.n4 = self.int4 and native
         if packed is not None and packed[0].dtype != (torch.uint8 if self.int4 else torch.int8):
             packed = None  # a cache of the other recipe: recompute
+        if packed is not None and self.int4 and (packed[1].dtype == torch.float32) != self.n4:
+            packed = None  # torch's int4 layout where the native one is wanted, or the other way round
         if quant in ("int8", "int4") and packed is not None:
             self.q, self.s = packed
+        elif self.n4:
+            self.q, self.s = native_kernels.q4_pack(w)
         elif quant == "int4":
             self.q, self.s = _int4_pack(w)
         elif quant == "int8":
             scale = w.float().abs().amax(1).clamp_min(1e-12) / 127.0  # (N,)
             self.q = torch.round(w.float() / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()  # (N, K)
             self.s = scale.to(w.dtype)
+        if native and quant == "int8" and w.shape[1] % native_kernels.QK == 0:
+            self.sf = self.s.float().contiguous()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.q is not None and x.shape[0] <= INT8_MAX_ROWS:
-            if self.int4:
+            if self.sf is not None:
+                y = native_kernels.q8_linear(x, self.q, self.sf)
+            elif self.n4:
+                y = native_kernels.q4_linear(x, self.q, self.s)
+            elif self.int4:
                 y = torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.q, INT4_GROUP, self.s)
             else:
                 y = torch._weight_int8pack_mm(x, self.q, self.s)
             return y + self.b if self.b is not None else y
         return dense_linear(x, self.w, self.b)
+
+
+def quant_cache_key(quant: str, native: bool) -> str:
+    """The name under which `quant`'s copies of the linears are kept (Weights.cache_file): the native
+    int4 blocks and torch's int4 layout go to separate files."""
+    return f"{quant}-native" if native and quant == "int4" else quant
 
 
 def int4_fits(w: torch.Tensor) -> bool:
@@ -258,8 +285,11 @@ class LeanLM:
     supports_tree = True  # engine.tree.tree_support(lm) reads this; CachedLM has no trees
 
     def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None, max_len: int = 4096,
-                 chunk: int | None = None, quant: str = "none", graphs: bool = False):
+                 chunk: int | None = None, quant: str = "none", graphs: bool = False, native: bool | None = None):
         """`model`: a transformers model, or `Weights` (a directory read without transformers).
+
+        `native`: run the short forwards' per-token attention and int8 products in engine/native.c
+        (default: on the CPU wherever it can be built; False keeps torch's ops).
 
         `graphs`: forwards of up to engine.graphs.MAX_ROWS tokens (decode, verify, trees) run as CUDA
         graphs on a GPU (engine/graphs.py; eagerly elsewhere, through the same code)."""
@@ -284,6 +314,11 @@ class LeanLM:
         # these shapes: 48 vs 121 us for one query over 1,500 positions, 6.1 vs 7.5 ms for a
         # 256-token chunk (4 heads of 64). GPUs keep SDPA (flash kernels).
         self.manual_attention = torch.device(device).type == "cpu"
+        if native is None:
+            native = self.manual_attention and native_kernels.lib() is not None
+        elif native and not (self.manual_attention and native_kernels.lib() is not None):
+            raise ValueError(f"native kernels unavailable: {native_kernels.unavailable_reason() or 'not on a CPU'}")
+        self.native = native
         self.tokens: list[int] = []
         self.forwards = 0
         self.n_heads = cfg.num_attention_heads
@@ -291,7 +326,7 @@ class LeanLM:
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads
         self.scale = 1.0 / float(self.head_dim) ** 0.5
         self.eps = cfg.rms_norm_eps
-        cache = source.cache_file(quant) if quant != "none" else None
+        cache = source.cache_file(quant_cache_key(quant, native)) if quant != "none" else None
         packed = _load_packed(cache)
         linears: dict[str, Linear] = {}
 
@@ -300,7 +335,7 @@ class LeanLM:
             # the head stays int8 under int4: an int4 head decoded SmolLM2 1.1 ms/token faster (10.6 vs
             # 11.7) but held-out completions fell from 24 to 20 % exact, edit similarity 0.64 to 0.60
             head8 = quant == "int4" and name == "lm_head"
-            linears[name] = Linear(w, b, "int8" if head8 else quant, pair)
+            linears[name] = Linear(w, b, "int8" if head8 else quant, pair, native)
             return linears[name]
 
         self.embed = source["model.embed_tokens.weight"]
@@ -338,6 +373,9 @@ class LeanLM:
         # float32 37 us), so the cache holds float32 there.
         kv_dtype = torch.float32 if self.manual_attention else dtype
         self.set_cache(torch.zeros(shape, dtype=kv_dtype, device=device))
+        # the native attention's scratch: scores and the query, a row per (token, head) of a short forward
+        self._work = torch.empty((INT8_MAX_ROWS * self.n_heads, max_len + self.head_dim),
+                                 dtype=torch.float32) if native else None
         self.model = model
         self.hidden: torch.Tensor | None = None  # see keep_hidden
         self.graphs = None
@@ -443,7 +481,9 @@ class LeanLM:
             cache_k[:, start:end] = k
             cache_v[:, start:end] = qkv[:, (h + kvh) * d :].view(t, kvh, d).transpose(0, 1)
             keys, values = cache_k[:, :end], cache_v[:, :end]  # (KVH, L, D)
-            if per_token and t == 1:
+            if per_token and self.native:  # (T, C) straight away
+                att = native_kernels.attend(q, cache_k, cache_v, start, self.scale, self._work)
+            elif per_token and t == 1:
                 att = self._attend_one(q.float(), keys, values).to(x.dtype)  # (H, D)
             elif per_token:
                 qf = q.float()
@@ -461,7 +501,8 @@ class LeanLM:
                     keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
                 att = torch.nn.functional.scaled_dot_product_attention(
                     q, keys, values, attn_mask=mask, is_causal=mask is None)  # (H, T, D)
-            att = att.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, C)
+            if not (per_token and self.native):
+                att = att.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, C)
             x = x + wo(att)
             gate, up = wgu(self._rms(x, ln2, self.eps)).split(self.ffn, -1)
             x = x + wdown(torch.nn.functional.silu(gate) * up)
@@ -538,7 +579,11 @@ class LeanLM:
                 for i in order:  # depth first: positions start..start+depth(i)-1 hold i's ancestors
                     at = start + depth[i]
                     cache[:, :, at] = tree_kv[li, :, :, i]
-                    outs[i] = self._attend_one(qf[:, i], cache[0, :, : at + 1], cache[1, :, : at + 1])
+                    if self.native:  # (H, D): the decode step's row at position `at`
+                        outs[i] = native_kernels.attend(qf[:, i : i + 1], cache[0], cache[1], at, self.scale,
+                                                        self._work).view(h, d)
+                    else:
+                        outs[i] = self._attend_one(qf[:, i], cache[0, :, : at + 1], cache[1, :, : at + 1])
                 att = torch.stack(outs, 1).to(x.dtype)  # (H, N, D)
             else:
                 cache[:, :, start : start + n] = tree_kv[li]

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from engine import native as native_kernels
 from engine.lean import INT8_MAX_ROWS, LeanLM, Linear, dense_linear
 
 log = logging.getLogger(__name__)
@@ -55,10 +56,13 @@ class SubsetHead:
         self.full, self.ids, self.vocab = full, ids, int(full.w.shape[0])
         self.q = full.q.index_select(0, ids).contiguous() if full.q is not None else None
         self.s = full.s.index_select(0, ids) if full.s is not None else None
+        self.sf = full.sf.index_select(0, ids).contiguous() if full.sf is not None else None  # native kernels
         self.w = full.w.index_select(0, ids) if full.q is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.q is not None and x.shape[0] <= INT8_MAX_ROWS:
+        if self.sf is not None and x.shape[0] <= INT8_MAX_ROWS:
+            y = native_kernels.q8_linear(x, self.q, self.sf)
+        elif self.q is not None and x.shape[0] <= INT8_MAX_ROWS:
             y = torch._weight_int8pack_mm(x, self.q, self.s)
         elif self.w is not None:
             y = dense_linear(x, self.w)

@@ -9,6 +9,9 @@ shares with the dense bf16 weights before the first difference (weights change a
 Prefill (forwards longer than INT8_MAX_ROWS take the dense weights whatever the quant): each prompt is
 also prefilled with those matmuls in bf16 and in float32 (engine.lean.dense_linear), interleaved, on
 the int8 arm; the line says which one this CPU gets by default.
+
+Where draftline's native kernels load (engine/native.py), each quant runs with them (the default)
+and, as `int8-torch` / `int4-torch` / `none-torch`, with torch's ops instead, on the same weights.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import time
 from engine.bench.engine import held_out_prompts
 
 QUANT_ARMS = ("none", "int8", "int4")
+TORCH = "-torch"  # an arm's suffix: the same quant without the native kernels
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-chars", type=int, default=1500, help="characters of code before each cut")
     p.add_argument("--max-new", type=int, default=48, help="greedy tokens decoded per prompt")
     p.add_argument("--verify", type=int, default=5, help="rows of the verify forward timed after decoding")
+    p.add_argument("--arms", help="comma-separated arms (default: none,int8,int4, and int8-torch,int4-torch "
+                   "where the native kernels load); int8 is always run, as the reference")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
@@ -53,8 +59,23 @@ def run_bench_quant(args: argparse.Namespace) -> int:
     if not isinstance(base, lean.LeanLM):
         print(f"bench quant: {target} does not run on the lean decoder", file=sys.stderr)
         return 2
-    lms = {q: base if q == "int8" else lean.LeanLM(base.model, base.device, max_len=base.max_len, quant=q)
-           for q in QUANT_ARMS}
+    from engine import native
+
+    arms = args.arms.split(",") if args.arms else \
+        [*QUANT_ARMS, *((f"int8{TORCH}", f"int4{TORCH}") if base.native else ())]
+    unknown = [a for a in arms if a.removesuffix(TORCH) not in QUANT_ARMS]
+    if unknown:
+        print(f"bench quant: unknown arms {', '.join(unknown)}", file=sys.stderr)
+        return 2
+    if not base.native and any(a.endswith(TORCH) for a in arms):
+        print(f"bench quant: no native kernels here ({native.unavailable_reason()}), so no -torch arms", file=sys.stderr)
+        return 2
+    if "int8" not in arms:
+        arms.insert(0, "int8")
+    lms = {a: base if a == "int8" else lean.LeanLM(base.model, base.device, max_len=base.max_len,
+                                                   quant=a.removesuffix(TORCH), native=not a.endswith(TORCH) and base.native)
+           for a in arms}
+    ref = "none" if "none" in lms else "int8"
     tok = engine.target.tokenizer
     decode = {q: [] for q in lms}
     verify = {q: [] for q in lms}
@@ -92,15 +113,15 @@ def run_bench_quant(args: argparse.Namespace) -> int:
             verify[q].append((time.perf_counter() - started) / 4 * 1e3)
             outs[q] = out
         for q in lms:
-            same = next((i for i, (a, b) in enumerate(zip(outs[q], outs["none"])) if a != b), args.max_new)
+            same = next((i for i, (a, b) in enumerate(zip(outs[q], outs[ref])) if a != b), args.max_new)
             agree[q].append(same)
     med = {q: statistics.median(v) for q, v in decode.items()}
     report = {"target": str(target), "prompts": len(decode["int8"]), "max_new": args.max_new,
-              "threads": torch.get_num_threads(), "arms": {
+              "threads": torch.get_num_threads(), "native": base.native, "greedy_reference": ref, "arms": {
                   q: {"decode_ms_per_token": round(med[q], 2), "vs_int8": round(med[q] / med["int8"], 2),
                       f"verify_{args.verify}_rows_ms": round(statistics.median(verify[q]), 2),
                       "verify_in_decode_steps": round(statistics.median(verify[q]) / med[q], 2),
-                      "tokens_equal_to_dense_before_first_difference": round(statistics.mean(agree[q]), 1)}
+                      f"tokens_equal_to_{ref}_before_first_difference": round(statistics.mean(agree[q]), 1)}
                   for q in lms},
               "prefill": {"prompt_tokens_mean": round(statistics.mean(prompt_tokens), 1),
                           "default": "float32" if default_fp32 else "bf16",
@@ -111,10 +132,10 @@ def run_bench_quant(args: argparse.Namespace) -> int:
     else:
         print(f"{report['target']}: {report['prompts']} prompts x {args.max_new} tokens, {report['threads']} threads")
         for q, r in report["arms"].items():
-            print(f"{q:5s} decode {r['decode_ms_per_token']:6.2f} ms/token ({r['vs_int8']:.2f}x int8)  "
+            print(f"{q:10s} decode {r['decode_ms_per_token']:6.2f} ms/token ({r['vs_int8']:.2f}x int8)  "
                   f"verify {args.verify} rows {r[f'verify_{args.verify}_rows_ms']:6.2f} ms "
                   f"({r['verify_in_decode_steps']:.2f} decode steps)  "
-                  f"same greedy tokens as dense: {r['tokens_equal_to_dense_before_first_difference']}")
+                  f"same greedy tokens as {ref}: {r[f'tokens_equal_to_{ref}_before_first_difference']}")
         pf = report["prefill"]
         print(f"prefill of {pf['prompt_tokens_mean']:.0f} tokens (mean): dense matmuls in bf16 {pf['bf16_ms']} ms, in "
               f"float32 {pf['float32_ms']} ms ({pf['bf16_over_float32']:.2f}x); this CPU's default: {pf['default']}")

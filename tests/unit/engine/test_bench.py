@@ -28,11 +28,13 @@ def test_bench_quant_json(model_dirs, capsys):
                "--prompt-chars", "300", "--verify", "3", "--json"])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["prompts"] == 2 and list(report["arms"]) == ["none", "int8", "int4"]
+    torch_arms = ["int8-torch", "int4-torch"] if report["native"] else []
+    assert report["prompts"] == 2 and list(report["arms"]) == ["none", "int8", "int4", *torch_arms]
     for arm in report["arms"].values():
         assert arm["decode_ms_per_token"] > 0 and arm["verify_3_rows_ms"] > 0
     assert report["arms"]["int8"]["vs_int8"] == 1.0
-    assert report["arms"]["none"]["tokens_equal_to_dense_before_first_difference"] == 6
+    assert report["greedy_reference"] == "none"
+    assert report["arms"]["none"]["tokens_equal_to_none_before_first_difference"] == 6
     prefill = report["prefill"]
     assert prefill["bf16_ms"] > 0 and prefill["float32_ms"] > 0 and prefill["prompt_tokens_mean"] > 0
     import engine.lean as lean

@@ -91,12 +91,17 @@ def test_quantized_weights_are_cached_between_starts(tmp_path, monkeypatch, quan
     model = tiny_model("llama", seed=7, hidden=64).to(torch.bfloat16)
     model.save_pretrained(tmp_path / "m")
     first = Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU)
-    cache = first.cache_file(quant)
+    from engine import native
+    from engine.lean import quant_cache_key
+
+    nat = native.lib() is not None  # the lean decoder's default
+    cache = first.cache_file(quant_cache_key(quant, nat))
     assert not cache.exists()
     a = LeanLM(first, CPU, max_len=128, quant=quant)
-    assert cache.is_file() and not first.cache_file("int8" if quant == "int4" else "int4").exists()
+    other = quant_cache_key("int8" if quant == "int4" else "int4", nat)
+    assert cache.is_file() and not first.cache_file(other).exists()
     second = Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU)
-    assert second.cache_file(quant) == cache
+    assert second.cache_file(quant_cache_key(quant, nat)) == cache
     b = LeanLM(second, CPU, max_len=128, quant=quant)
     c = LeanLM(model, CPU, max_len=128, quant=quant)  # computed afresh from the transformers model
     for x, y in ((a, b), (a, c)):

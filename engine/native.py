@@ -1,0 +1,196 @@
+"""draftline's own CPU kernels (engine/native.c), compiled on first use and loaded with ctypes.
+
+The lean decoder's short forwards (decode, verify: at most INT8_MAX_ROWS tokens) on an x86-64 CPU
+with AVX2 and FMA run their per-token attention and their int8 matrix products here, because every
+row of a verify must be the decode step's computation bit for bit, and torch's exact per-row ops
+cost a row's worth of dispatch each (see the C file's header). The library is built once with the
+system's C compiler (``$CC``, else ``cc``) into ``~/.cache/draftline/native/``, keyed by the
+source, the flags and the compiler, in about a second. Where there is no compiler, no AVX2/FMA, or
+``DRAFTLINE_NATIVE=0``, `lib()` is None (one log line says why) and the decoder keeps its torch ops:
+outputs then differ from the native path's in the last bits, and each path stays exact with itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("native.c")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared"]
+QK = 32  # inputs per block: of the activations (dl_quantize_q8) and of the Q4_1 weights
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_why: str | None = None  # why there is no library (None: not tried yet, or loaded)
+
+
+def _cpu_ok() -> str | None:
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"not an x86-64 CPU ({platform.machine()})"
+    try:
+        cap = torch.backends.cpu.get_cpu_capability()
+    except Exception:  # an old torch: let the compiled code's own check decide
+        cap = "AVX2"
+    if cap not in ("AVX2", "AVX512"):
+        return f"the CPU has no AVX2 (torch reports {cap})"
+    return None
+
+
+def _build(cc: str) -> Path:
+    """Compile native.c into the cache (once per source, flags and compiler); the library's path."""
+    from engine.gguf import cache_root
+
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    src = SOURCE.read_bytes()
+    attempts = [FLAGS + ["-fopenmp"], FLAGS]  # without OpenMP (e.g. Apple clang): one thread
+    for flags in attempts:
+        key = hashlib.sha256(src + " ".join([cc, *flags, version]).encode()).hexdigest()[:20]
+        out = cache_root() / "native" / f"draftline-{key}.so"
+        if out.is_file():
+            return out
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+        run = subprocess.run([cc, *flags, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True,
+                             timeout=120)
+        if run.returncode == 0:
+            tmp.replace(out)
+            return out
+        tmp.unlink(missing_ok=True)
+        err = run.stderr.strip().splitlines()[-1:] or ["no output"]
+        log.info("native kernels: %s %s failed: %s", cc, " ".join(flags), err[0])
+    raise RuntimeError(f"{cc} could not compile {SOURCE.name}")
+
+
+def lib() -> ctypes.CDLL | None:
+    """The loaded kernels, or None where they cannot be had here (the reason is logged once)."""
+    global _lib, _why
+    if _lib is not None or _why is not None:
+        return _lib
+    with _lock:
+        if _lib is not None or _why is not None:
+            return _lib
+        try:
+            if os.environ.get("DRAFTLINE_NATIVE", "") == "0":
+                raise RuntimeError("DRAFTLINE_NATIVE=0")
+            if why := _cpu_ok():
+                raise RuntimeError(why)
+            cc = os.environ.get("CC") or "cc"
+            if shutil.which(cc) is None:
+                raise RuntimeError(f"no C compiler ({cc}) on PATH")
+            # torch loads its own OpenMP runtime (libgomp.so.1) first, so the library's OpenMP
+            # pragmas run in torch's thread pool rather than in a second one competing for the cores
+            handle = ctypes.CDLL(str(_build(cc)))
+            ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+            flag = ctypes.c_int
+            handle.dl_attend.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, flag, ptr]
+            handle.dl_q8_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, i64, ptr, flag, ptr]
+            handle.dl_q4_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, ptr, i64, ptr, flag, ptr]
+            for fn in (handle.dl_attend, handle.dl_q8_linear, handle.dl_q4_linear):
+                fn.restype = None
+            _lib = handle
+            log.info("native kernels loaded (%s)", Path(handle._name).name)
+        except Exception as exc:  # any failure leaves the torch ops in place
+            _why = str(exc) or type(exc).__name__
+            log.info("native kernels unavailable, using torch ops: %s", _why)
+    return _lib
+
+
+def unavailable_reason() -> str | None:
+    lib()
+    return _why
+
+
+def _ptr(t: torch.Tensor) -> ctypes.c_void_p:
+    return ctypes.c_void_p(t.data_ptr())
+
+
+_DTYPES = (torch.float32, torch.bfloat16)  # what the kernels read and write; flag 1 is bfloat16
+
+
+def _input(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous() if x.dtype in _DTYPES else x.to(torch.float32).contiguous()
+
+
+def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float,
+           work: torch.Tensor) -> torch.Tensor:
+    """Causal attention of q's T tokens at positions start..start+T-1, one query row at a time.
+
+    q (H, T, D), float32 or bfloat16; keys/values (KVH, L, D) float32, contiguous, already holding
+    the new tokens' rows; work: float32 scratch of at least T*H*(L+D). Returns (T, H*D) in q's
+    dtype. Row i of the answer does not depend on T: it is the decode step's computation for its token."""
+    h, t, d = q.shape
+    kvh, length = keys.shape[0], keys.shape[1]
+    if not (keys.is_contiguous() and values.is_contiguous() and keys.dtype == values.dtype == torch.float32):
+        raise ValueError("attend needs contiguous float32 key/value caches")
+    if h % kvh or start + t > length or work.numel() < t * h * (length + d) or work.dtype != torch.float32:
+        raise ValueError(f"attend: unsupported shapes q {tuple(q.shape)} cache {tuple(keys.shape)}")
+    q = _input(q)
+    out = torch.empty((t, h * d), dtype=q.dtype)
+    bf = int(q.dtype == torch.bfloat16)
+    lib().dl_attend(_ptr(q), bf, _ptr(keys), _ptr(values), t, h, kvh, d, length, start, scale, _ptr(out), bf, _ptr(work))
+    return out
+
+
+def _scratch(m: int, k: int) -> torch.Tensor:
+    return torch.empty(m * k + 8 * m * (k // QK), dtype=torch.uint8)
+
+
+def q8_linear(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+    """x W^T for int8 weights wq (N, K) with float32 scales ws (N,): the input is quantized to int8
+    per block of 32 (llama.cpp's Q8_0 recipe) and the products are summed exactly in integers per
+    block. Returns (M, N) in x's dtype (float32 or bfloat16); a row's result does not depend on the
+    other rows."""
+    m, k = x.shape
+    n = wq.shape[0]
+    if k % QK or wq.shape[1] != k or wq.dtype != torch.int8 or ws.dtype != torch.float32:
+        raise ValueError(f"q8_linear: unsupported shapes x {tuple(x.shape)} w {tuple(wq.shape)}")
+    x = _input(x)
+    y = torch.empty((m, n), dtype=x.dtype)
+    bf = int(x.dtype == torch.bfloat16)
+    scratch = _scratch(m, k)  # held here: a temporary's memory is freed as soon as _ptr has read its address
+    lib().dl_q8_linear(_ptr(x), bf, m, k, _ptr(wq), _ptr(ws), n, _ptr(y), bf, _ptr(scratch))
+    return y
+
+
+def q4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_1 blocks of w (N, K), K a multiple of 32: per 32 inputs, d = (max - min) / 15, m = min and
+    q = round((w - min) / d) in 0..15 (llama.cpp's Q4_1 grid; d and m kept in float32, which the
+    kernel reads faster than float16 here). Returns (qs uint8 (N, K/2), dm float32 (2, N, K/32)),
+    dl_q4_gemm's layout."""
+    n, k = w.shape
+    if k % QK:
+        raise ValueError(f"q4_pack: K = {k} is not a multiple of {QK}")
+    g = w.float().reshape(n, k // QK, QK)
+    lo, hi = g.amin(-1), g.amax(-1)
+    d = ((hi - lo) / 15).clamp_min(1e-12)
+    q = torch.round((g - lo[..., None]) / d[..., None]).clamp_(0, 15).to(torch.uint8)
+    qs = (q[..., : QK // 2] | (q[..., QK // 2 :] << 4)).reshape(n, k // 2).contiguous()
+    return qs, torch.stack([d, lo]).contiguous()
+
+
+def q4_linear(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
+    """x W^T for q4_pack's blocks: the input quantized to int8 per block of 32, the products summed
+    exactly in integers per block. Returns (M, N) in x's dtype (float32 or bfloat16); a row's result
+    does not depend on the other rows."""
+    m, k = x.shape
+    n = qs.shape[0]
+    if k % QK or qs.shape[1] * 2 != k or qs.dtype != torch.uint8 or dm.dtype != torch.float32 \
+            or tuple(dm.shape) != (2, n, k // QK) or not dm.is_contiguous():
+        raise ValueError(f"q4_linear: unsupported shapes x {tuple(x.shape)} qs {tuple(qs.shape)} dm {tuple(dm.shape)}")
+    x = _input(x)
+    y = torch.empty((m, n), dtype=x.dtype)
+    bf = int(x.dtype == torch.bfloat16)
+    scratch = _scratch(m, k)
+    lib().dl_q4_linear(_ptr(x), bf, m, k, _ptr(qs), _ptr(dm[0]), _ptr(dm[1]), n, _ptr(y), bf, _ptr(scratch))
+    return y

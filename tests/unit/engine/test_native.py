@@ -1,0 +1,180 @@
+"""engine/native.c: draftline's CPU kernels for decode and verify forwards.
+
+What they must give: every row's bits independent of the other rows and of how many there are (a
+verify row is the decode step), values close to a float64 reference, and the lean decoder's
+speculation identical to its plain greedy with them. Where they cannot be built, a clear reason
+and torch's ops."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine import native
+from engine.lean import LeanLM, Linear
+
+PREREQS = shutil.which(os.environ.get("CC") or "cc") is not None and native._cpu_ok() is None \
+    and os.environ.get("DRAFTLINE_NATIVE") != "0"
+needs = pytest.mark.skipif(not PREREQS, reason="no C compiler or no AVX2/FMA here: the torch ops are tested instead")
+
+
+def test_the_kernels_build_wherever_they_can():
+    """With a compiler on an AVX2 CPU the library must load: a silent fallback would hide a broken build."""
+    if PREREQS:
+        assert native.lib() is not None, native.unavailable_reason()
+    else:
+        assert native.lib() is None and native.unavailable_reason()
+
+
+def _reference_attention(q, keys, values, start, scale):
+    """float64 causal attention, row i over positions 0..start+i; (T, H*D)."""
+    h, t, d = q.shape
+    group = h // keys.shape[0]
+    out = torch.empty(t, h, d, dtype=torch.float64)
+    for i in range(t):
+        for head in range(h):
+            k = keys[head // group, : start + i + 1].double()
+            v = values[head // group, : start + i + 1].double()
+            p = torch.softmax(k @ q[head, i].double() * scale, 0)
+            out[i, head] = p @ v
+    return out.reshape(t, h * d)
+
+
+@needs
+@pytest.mark.parametrize("d", [64, 12])  # 12: eight lanes and a scalar rest
+def test_attention_matches_reference_and_rows_do_not_depend_on_each_other(d):
+    torch.manual_seed(0)
+    h, kvh, length, start, t = 6, 2, 40, 17, 9
+    keys, values = torch.randn(kvh, length, d), torch.randn(kvh, length, d)
+    q = torch.randn(h, t, d)
+    work = torch.empty(t * h * (length + d))
+    scale = d ** -0.5
+    out = native.attend(q, keys, values, start, scale, work)
+    assert out.shape == (t, h * d) and out.dtype == torch.float32
+    assert torch.allclose(out.double(), _reference_attention(q, keys, values, start, scale), atol=1e-5)
+    for i in range(t):  # row i alone, as a decode step at position start + i, gives the same bits
+        alone = native.attend(q[:, i : i + 1], keys, values, start + i, scale, work)
+        assert torch.equal(alone[0], out[i]), i
+
+
+@needs
+def test_attention_refuses_what_it_cannot_run():
+    keys = torch.zeros(2, 8, 4)
+    with pytest.raises(ValueError, match="float32"):
+        native.attend(torch.zeros(4, 1, 4), keys.double(), keys.double(), 0, 1.0, torch.empty(64))
+    with pytest.raises(ValueError, match="unsupported"):  # past the cache's end
+        native.attend(torch.zeros(4, 2, 4), keys, keys, 7, 1.0, torch.empty(64))
+
+
+@needs
+def test_q8_linear_is_close_and_exact_per_row():
+    torch.manual_seed(1)
+    n, k = 70, 96
+    w = torch.randn(n, k) * 0.1
+    ws = w.abs().amax(1) / 127
+    wq = torch.round(w / ws[:, None]).clamp(-127, 127).to(torch.int8)
+    x = torch.randn(9, k).to(torch.bfloat16)  # 9 rows: two blocks of four and one left over
+    y = native.q8_linear(x, wq, ws)
+    ref = x.double() @ (wq.double() * ws.double()[:, None]).T
+    assert y.shape == (9, n) and (y.double() - ref).abs().max() < 0.02 * ref.abs().max()
+    for m in range(1, 10):  # every row count gives each row the bits it has alone
+        part = native.q8_linear(x[:m], wq, ws)
+        for i in range(m):
+            assert torch.equal(part[i], y[i]), (m, i)
+    with pytest.raises(ValueError, match="unsupported"):
+        native.q8_linear(torch.zeros(1, 40), torch.zeros(3, 40, dtype=torch.int8), torch.ones(3))
+
+
+@needs
+def test_q4_linear_is_close_and_exact_per_row():
+    torch.manual_seed(2)
+    n, k = 48, 96
+    w = (torch.randn(n, k) * 0.1).to(torch.bfloat16)
+    qs, dm = native.q4_pack(w)
+    assert qs.shape == (n, k // 2) and dm.shape == (2, n, k // 32) and dm.dtype == torch.float32
+    # the blocks hold w to within half a step of each block's 16-level grid
+    g = w.float().reshape(n, k // 32, 32)
+    step = ((g.amax(-1) - g.amin(-1)) / 15).max().item()
+    lo, hi = (qs & 15).reshape(n, k // 32, 16), (qs >> 4).reshape(n, k // 32, 16)
+    q = torch.cat([lo, hi], -1).float()
+    back = q * dm[0, ..., None] + dm[1, ..., None]
+    assert (back - g).abs().max() <= 0.51 * step
+    x = torch.randn(9, k).to(torch.bfloat16)
+    y = native.q4_linear(x, qs, dm)
+    ref = x.double() @ back.reshape(n, k).double().T
+    assert (y.double() - ref).abs().max() < 0.02 * ref.abs().max()
+    for m in range(1, 10):
+        part = native.q4_linear(x[:m], qs, dm)
+        for i in range(m):
+            assert torch.equal(part[i], y[i]), (m, i)
+    with pytest.raises(ValueError, match="unsupported"):
+        native.q4_linear(x, qs, dm.half())
+
+
+def _tiny_lean(native_on: bool, quant: str = "int8", head_dim: int = 16):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=64 // head_dim, num_key_value_heads=2, head_dim=head_dim,
+                      max_position_embeddings=256)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    return LeanLM(model, torch.device("cpu"), max_len=256, quant=quant, native=native_on)
+
+
+@needs
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_lean_verify_rows_are_decode_steps_with_the_kernels(quant):
+    lm = _tiny_lean(True, quant)
+    assert lm.native and lm.lm_head.sf is not None
+    assert lm.layers[0][1].n4 == (quant == "int4")  # int4: the native Q4_1 blocks
+    prompt = [int(t) for t in torch.randint(0, 128, (40,))]
+    lm.forward(prompt, keep_logits=1)
+    tokens, steps = [5], []
+    for _ in range(12):  # plain greedy, one token per forward
+        steps.append(lm.forward(tokens[-1:])[-1])
+        tokens.append(int(steps[-1].argmax()))
+    lm.truncate(len(prompt))
+    verify = lm.forward(tokens[:12])  # the same tokens as one verify forward
+    for i in range(12):
+        assert torch.equal(verify[i], steps[i]), i
+    lm.truncate(len(prompt))
+    tree = lm.forward_tree(tokens[:4] + [7], [-1, 0, 1, 2, 0])  # a chain and a sibling branch
+    for i in range(4):
+        assert torch.equal(tree[i], steps[i]), i
+
+
+@needs
+def test_kernels_and_torch_ops_agree_closely():
+    on, off = _tiny_lean(True), _tiny_lean(False)
+    assert on.native and not off.native and off.lm_head.sf is None
+    prompt = list(range(3, 43))
+    for lm in (on, off):
+        lm.forward(prompt, keep_logits=1)
+    a, b = on.forward([9, 10, 11]), off.forward([9, 10, 11])
+    assert torch.allclose(a, b, atol=0.05 * b.abs().max().item())
+
+
+def test_switched_off_by_environment():
+    """DRAFTLINE_NATIVE=0: no library, a reason, and a lean decoder on torch's ops."""
+    code = ("import torch, engine.native as n; from engine.lean import LeanLM; "
+            "print(n.lib() is None, n.unavailable_reason())")
+    env = {**os.environ, "DRAFTLINE_NATIVE": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True DRAFTLINE_NATIVE=0"
+
+
+def test_asking_for_kernels_that_cannot_load_is_an_error(monkeypatch):
+    monkeypatch.setattr(native, "_lib", None)
+    monkeypatch.setattr(native, "_why", "no C compiler (cc) on PATH")
+    with pytest.raises(ValueError, match="no C compiler"):
+        _tiny_lean(True)
+    assert not _tiny_lean(None).native  # the default falls back quietly
+    lin = Linear(torch.randn(8, 32).to(torch.bfloat16), quant="int8", native=False)
+    assert lin.sf is None
