@@ -125,18 +125,24 @@ class Linear:
         if native and quant == "int8" and w.shape[1] % native_kernels.QK == 0:
             self.sf = self.s.float().contiguous()
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x W^T (+ b) (+ residual: the native kernels add it as they write the result)."""
+        added = None
         if self.q is not None and x.shape[0] <= INT8_MAX_ROWS:
+            res = residual if self.b is None else None
             if self.sf is not None:
-                y = native_kernels.q8_linear(x, self.q, self.sf)
+                y, added = native_kernels.q8_linear(x, self.q, self.sf, res), res
             elif self.n4:
-                y = native_kernels.q4_linear(x, self.q, self.s)
+                y, added = native_kernels.q4_linear(x, self.q, self.s, res), res
             elif self.int4:
                 y = torch._weight_int4pack_mm_for_cpu(x.contiguous(), self.q, INT4_GROUP, self.s)
             else:
                 y = torch._weight_int8pack_mm(x, self.q, self.s)
-            return y + self.b if self.b is not None else y
-        return dense_linear(x, self.w, self.b)
+            if self.b is not None:
+                y = y + self.b
+        else:
+            y = dense_linear(x, self.w, self.b)
+        return y if residual is None or added is not None else residual + y
 
 
 def quant_cache_key(quant: str, native: bool) -> str:
@@ -448,6 +454,27 @@ class LeanLM:
         scores = torch.matmul(q.reshape(kvh, -1, d).contiguous(), keys.transpose(1, 2)).mul_(self.scale)  # (KVH, G, L)
         return torch.matmul(torch.softmax(scores, -1), values).reshape(-1, d)
 
+    def _native_layers(self, x: torch.Tensor, start: int) -> torch.Tensor:
+        """The layers of a short forward (decode, verify) on the native kernels: RMSNorm, RoPE and the
+        cache writes, attention one query at a time, SwiGLU's product and the residual additions are
+        each one call, where the torch version takes ~35 small ops a layer. Each row's result is its
+        decode step's, bit for bit."""
+        nk, t = native_kernels, x.shape[0]
+        cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+        q = torch.empty((self.n_heads, t, self.head_dim), dtype=torch.float32)
+        for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
+            cache_k, cache_v = self._kv_views[li]
+            nk.rope_store(wqkv(nk.rmsnorm(x, ln1, self.eps)), cos, sin, self.n_heads, self.n_kv, q, cache_k, cache_v, start)
+            x = wo(nk.attend(q, cache_k, cache_v, start, self.scale, self._work, out_dtype=x.dtype), residual=x)
+            x = wdown(nk.silu_mul(wgu(nk.rmsnorm(x, ln2, self.eps))), residual=x)
+        return x
+
+    def _final_norm(self, x: torch.Tensor, short: bool) -> torch.Tensor:
+        """The final RMSNorm: the native kernel's in a short forward on them, as in its layers."""
+        if short and self.native:
+            return native_kernels.rmsnorm(x, self.final_norm, self.eps)
+        return self._rms(x, self.final_norm, self.eps)
+
     def _forward(self, new_tokens: Sequence[int], keep: int) -> torch.Tensor | None:
         """One forward of all of `new_tokens`; logits of the last `keep` (None when keep is 0)."""
         start, t = len(self.tokens), len(new_tokens)
@@ -471,9 +498,12 @@ class LeanLM:
         if mask is not None and self.manual_attention:
             bias = torch.zeros(t, end, dtype=self.kv.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
             bias = bias.repeat(group, 1)  # rows: the heads sharing a KV head, each with its T queries
+        layers = self.layers
+        if per_token and self.native:
+            x, layers = self._native_layers(x, start), ()
         # decode runs ~60 small ops a layer, each a few microseconds of dispatch on the CPU (about as
         # long as the layer's int4 matmuls): q and k rotate together, the cache views are made once
-        for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
+        for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(layers):
             qkv = wqkv(self._rms(x, ln1, self.eps))  # (T, (H + 2 KVH) D)
             qk = self._rotate(qkv[:, : (h + kvh) * d].view(t, h + kvh, d).transpose(0, 1), cos, sin)  # (H + KVH, T, D)
             q, k = qk[:h], qk[h:]
@@ -481,9 +511,7 @@ class LeanLM:
             cache_k[:, start:end] = k
             cache_v[:, start:end] = qkv[:, (h + kvh) * d :].view(t, kvh, d).transpose(0, 1)
             keys, values = cache_k[:, :end], cache_v[:, :end]  # (KVH, L, D)
-            if per_token and self.native:  # (T, C) straight away
-                att = native_kernels.attend(q, cache_k, cache_v, start, self.scale, self._work)
-            elif per_token and t == 1:
+            if per_token and t == 1:
                 att = self._attend_one(q.float(), keys, values).to(x.dtype)  # (H, D)
             elif per_token:
                 qf = q.float()
@@ -501,8 +529,7 @@ class LeanLM:
                     keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
                 att = torch.nn.functional.scaled_dot_product_attention(
                     q, keys, values, attn_mask=mask, is_causal=mask is None)  # (H, T, D)
-            if not (per_token and self.native):
-                att = att.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, C)
+            att = att.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, C)
             x = x + wo(att)
             gate, up = wgu(self._rms(x, ln2, self.eps)).split(self.ffn, -1)
             x = x + wdown(torch.nn.functional.silu(gate) * up)
@@ -512,7 +539,7 @@ class LeanLM:
         if keep == 0:
             return None
         x = x[-keep:]
-        return self._limit(self.lm_head(self._rms(x, self.final_norm, self.eps)).float())
+        return self._limit(self.lm_head(self._final_norm(x, per_token)).float())
 
     def _limit(self, logits: torch.Tensor) -> torch.Tensor:
         """Logits over the vocabulary shared with another model (all of them without a limit)."""
@@ -566,7 +593,10 @@ class LeanLM:
             if self.manual_attention:
                 bias = torch.zeros(n, start + n, dtype=self.kv.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
                 bias = bias.repeat(group, 1)
-        for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
+        layers = self.layers
+        if per_token and self.native:
+            x, layers = self._native_tree_layers(x, cos.contiguous(), sin.contiguous(), tree_kv, start, depth, order), ()
+        for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(layers):
             qkv = wqkv(self._rms(x, ln1, self.eps))  # (N, (H + 2 KVH) D)
             q, k, v = qkv.split([h * d, kvh * d, kvh * d], -1)
             q = self._rotate(q.view(n, h, d).transpose(0, 1), cos, sin)  # (H, N, D)
@@ -579,11 +609,7 @@ class LeanLM:
                 for i in order:  # depth first: positions start..start+depth(i)-1 hold i's ancestors
                     at = start + depth[i]
                     cache[:, :, at] = tree_kv[li, :, :, i]
-                    if self.native:  # (H, D): the decode step's row at position `at`
-                        outs[i] = native_kernels.attend(qf[:, i : i + 1], cache[0], cache[1], at, self.scale,
-                                                        self._work).view(h, d)
-                    else:
-                        outs[i] = self._attend_one(qf[:, i], cache[0, :, : at + 1], cache[1, :, : at + 1])
+                    outs[i] = self._attend_one(qf[:, i], cache[0, :, : at + 1], cache[1, :, : at + 1])
                 att = torch.stack(outs, 1).to(x.dtype)  # (H, N, D)
             else:
                 cache[:, :, start : start + n] = tree_kv[li]
@@ -600,7 +626,27 @@ class LeanLM:
             gate, up = wgu(self._rms(x, ln2, self.eps)).split(self.ffn, -1)
             x = x + wdown(torch.nn.functional.silu(gate) * up)
         self._tree = (start, self.forwards, [int(t) for t in tokens], list(parents), tree_kv, x)
-        return self._limit(self.lm_head(self._rms(x, self.final_norm, self.eps)).float())
+        return self._limit(self.lm_head(self._final_norm(x, per_token)).float())
+
+    def _native_tree_layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, tree_kv: torch.Tensor,
+                            start: int, depth: Sequence[int], order: Sequence[int]) -> torch.Tensor:
+        """forward_tree's layers on the native kernels, node by node as _native_layers runs a decode
+        step: node i's K/V go to tree_kv, then, depth first, to the cache right after its ancestors',
+        and it attends over cache[:start + depth(i) + 1]. cos/sin: (N, D) rows at the nodes' depths."""
+        nk, n = native_kernels, x.shape[0]
+        h, d = self.n_heads, self.head_dim
+        q = torch.empty((h, n, d), dtype=torch.float32)
+        att = torch.empty((n, h * d), dtype=x.dtype)
+        for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
+            cache = self.kv[li]
+            nk.rope_store(wqkv(nk.rmsnorm(x, ln1, self.eps)), cos, sin, h, self.n_kv, q, tree_kv[li, 0], tree_kv[li, 1], 0)
+            for i in order:  # depth first: positions start..start+depth(i)-1 hold i's ancestors
+                at = start + depth[i]
+                cache[:, :, at] = tree_kv[li, :, :, i]
+                att[i] = nk.attend(q[:, i : i + 1], cache[0], cache[1], at, self.scale, self._work, out_dtype=x.dtype)[0]
+            x = wo(att, residual=x)
+            x = wdown(nk.silu_mul(wgu(nk.rmsnorm(x, ln2, self.eps))), residual=x)
+        return x
 
     def keep_path(self, nodes: Sequence[int]) -> None:
         """After forward_tree: append the path `nodes` (a root, its child, ...) to the sequence.

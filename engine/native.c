@@ -40,6 +40,70 @@ static inline void store_y(void *y, int bf16, int64_t i, float value) {
     ((uint16_t *)y)[i] = (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
 }
 
+/* value rounded to bfloat16's precision when `bf16` (what storing it as bfloat16 keeps) */
+static inline float rnd(float value, int bf16) {
+    if (!bf16) return value;
+    union { float f; uint32_t u; } v = {value};
+    v.u = (v.u + 0x7FFFu + ((v.u >> 16) & 1u)) & 0xFFFF0000u;
+    return v.f;
+}
+
+/* y[i] = value, or value + res[i] where there is a residual to add (rounded first, as a torch
+ * matmul's result is before the addition) */
+static inline void store_out(void *y, int bf16, const void *res, int64_t i, float value) {
+    store_y(y, bf16, i, res ? rnd(value, bf16) + load_x(res, bf16, i) : value);
+}
+
+/* RMSNorm of M rows of C: y = (x / sqrt(mean(x^2) + eps), rounded to x's dtype) * w, rounded again:
+ * the operations of the torch version (engine/lean.py: LeanLM._rms), sums in a fixed order. */
+void dl_rmsnorm(const void *x, int bf16, const void *w, int64_t M, int64_t C, float eps, void *y) {
+    for (int64_t r = 0; r < M; r++) {
+        float ss = 0.0f;
+        for (int64_t c = 0; c < C; c++) {
+            const float v = load_x(x, bf16, r * C + c);
+            ss = ss + v * v;
+        }
+        const float inv = 1.0f / sqrtf(ss / (float)C + eps);
+        for (int64_t c = 0; c < C; c++)
+            store_y(y, bf16, r * C + c, rnd(load_x(x, bf16, r * C + c) * inv, bf16) * load_x(w, bf16, c));
+    }
+}
+
+/* RoPE on the q and k parts of T rows of qkv ((H + 2 KVH) * D each), as the torch version computes it
+ * (x * cos + roll(x, D/2) * sin, `sin` with its first half negated, each product rounded to the
+ * model's dtype); q goes to q_out (H, T, D) float32, k and v into the caches (KVH, L, D) float32
+ * at positions start..start+T-1. cos, sin: (T, D) for those positions. */
+void dl_rope_store(const void *qkv, int bf16, const void *cos, const void *sin, int64_t T, int64_t H,
+                   int64_t KVH, int64_t D, float *q_out, float *kc, float *vc, int64_t L, int64_t start) {
+    const int64_t row = (H + 2 * KVH) * D, half = D / 2;
+    for (int64_t i = 0; i < T; i++) {
+        for (int64_t head = 0; head < H + KVH; head++) {
+            const int64_t base = i * row + head * D;
+            float *dst = head < H ? q_out + (head * T + i) * D : kc + ((head - H) * L + start + i) * D;
+            for (int64_t e = 0; e < D; e++) {
+                const int64_t other = e < half ? e + half : e - half;
+                const float a = rnd(load_x(qkv, bf16, base + e) * load_x(cos, bf16, i * D + e), bf16);
+                const float b = rnd(load_x(qkv, bf16, base + other) * load_x(sin, bf16, i * D + e), bf16);
+                dst[e] = rnd(a + b, bf16);
+            }
+        }
+        for (int64_t head = 0; head < KVH; head++)
+            for (int64_t e = 0; e < D; e++)
+                vc[(head * L + start + i) * D + e] = load_x(qkv, bf16, i * row + (H + KVH + head) * D + e);
+    }
+}
+
+/* SwiGLU's product for T rows of [gate | up] (2F each): out = silu(gate) * up, each rounded to the
+ * model's dtype as torch rounds them. */
+void dl_silu_mul(const void *gu, int bf16, int64_t T, int64_t F, void *out) {
+    for (int64_t i = 0; i < T; i++)
+        for (int64_t f = 0; f < F; f++) {
+            const float g = load_x(gu, bf16, i * 2 * F + f);
+            const float silu = rnd(g / (1.0f + expf(-g)), bf16);
+            store_y(out, bf16, i * F + f, silu * load_x(gu, bf16, i * 2 * F + F + f));
+        }
+}
+
 /* Causal attention of T new tokens after `start` cached ones, one query row at a time.
  * q (H, T, D), float32 or bfloat16 (q_bf16); the caches (KVH, L, D) float32 already hold the new
  * tokens' keys and values at start..start+T-1; row i attends to positions 0..start+i.
@@ -128,7 +192,7 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
 /* y (M, N) = x W^T for int8 weights wq (N, K) with one float32 scale per output ws (N), and x given
  * as dl_quantize_q8's blocks. Each weight block is read once for up to four rows. */
 static void q8_gemm(const int8_t *wq, const float *ws, int64_t N, int64_t K, const int8_t *xq,
-                    const float *dx, int64_t M, void *y, int y_bf16) {
+                    const float *dx, int64_t M, void *y, int y_bf16, const void *res) {
     const int64_t nb = K / QK;
     const __m256i ones = _mm256_set1_epi16(1);
 #pragma omp parallel for schedule(static)
@@ -147,10 +211,10 @@ static void q8_gemm(const int8_t *wq, const float *ws, int64_t N, int64_t K, con
                 Q8_ROW(a2, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)), _mm256_set1_ps(e0[2 * nb + b]));
                 Q8_ROW(a3, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)), _mm256_set1_ps(e0[3 * nb + b]));
             }
-            store_y(y, y_bf16, r * N + n, hsum8(a0) * ws[n]);
-            store_y(y, y_bf16, (r + 1) * N + n, hsum8(a1) * ws[n]);
-            store_y(y, y_bf16, (r + 2) * N + n, hsum8(a2) * ws[n]);
-            store_y(y, y_bf16, (r + 3) * N + n, hsum8(a3) * ws[n]);
+            store_out(y, y_bf16, res, r * N + n, hsum8(a0) * ws[n]);
+            store_out(y, y_bf16, res, (r + 1) * N + n, hsum8(a1) * ws[n]);
+            store_out(y, y_bf16, res, (r + 2) * N + n, hsum8(a2) * ws[n]);
+            store_out(y, y_bf16, res, (r + 3) * N + n, hsum8(a3) * ws[n]);
         }
         for (; r < M; r++) { /* the rows left over, one at a time, through the same operations */
             const int8_t *x0 = xq + r * K;
@@ -161,7 +225,7 @@ static void q8_gemm(const int8_t *wq, const float *ws, int64_t N, int64_t K, con
                 const __m256i wabs = _mm256_sign_epi8(w, w);
                 Q8_ROW(a0, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)), _mm256_set1_ps(e0[b]));
             }
-            store_y(y, y_bf16, r * N + n, hsum8(a0) * ws[n]);
+            store_out(y, y_bf16, res, r * N + n, hsum8(a0) * ws[n]);
         }
     }
 }
@@ -188,7 +252,7 @@ static inline float dot_blocks(const float *m, const float *xs, int64_t nb) {
  * qs uint8 (N, K/2): byte j of a block holds input j (low nibble) and input j + 16 (high nibble);
  * d, m float32 (N, K/32). Each weight block is unpacked once for up to four rows. */
 static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K, const int8_t *xq,
-                    const float *dx, const float *xs, int64_t M, void *y, int y_bf16) {
+                    const float *dx, const float *xs, int64_t M, void *y, int y_bf16, const void *res) {
     const int64_t nb = K / QK;
     const __m256i ones = _mm256_set1_epi16(1);
     const __m128i low4 = _mm_set1_epi8(0x0F);
@@ -210,10 +274,10 @@ static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N
                 Q4_ROW(a2, w, _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[2 * nb + b])));
                 Q4_ROW(a3, w, _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[3 * nb + b])));
             }
-            store_y(y, y_bf16, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));
-            store_y(y, y_bf16, (r + 1) * N + n, hsum8(a1) + dot_blocks(mn, xs + (r + 1) * nb, nb));
-            store_y(y, y_bf16, (r + 2) * N + n, hsum8(a2) + dot_blocks(mn, xs + (r + 2) * nb, nb));
-            store_y(y, y_bf16, (r + 3) * N + n, hsum8(a3) + dot_blocks(mn, xs + (r + 3) * nb, nb));
+            store_out(y, y_bf16, res, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));
+            store_out(y, y_bf16, res, (r + 1) * N + n, hsum8(a1) + dot_blocks(mn, xs + (r + 1) * nb, nb));
+            store_out(y, y_bf16, res, (r + 2) * N + n, hsum8(a2) + dot_blocks(mn, xs + (r + 2) * nb, nb));
+            store_out(y, y_bf16, res, (r + 3) * N + n, hsum8(a3) + dot_blocks(mn, xs + (r + 3) * nb, nb));
         }
         for (; r < M; r++) { /* the rows left over, one at a time, through the same operations */
             const int8_t *x0 = xq + r * K;
@@ -225,25 +289,25 @@ static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N
                 const __m256 db = _mm256_set1_ps(dn[b]);
                 Q4_ROW(a0, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[b])));
             }
-            store_y(y, y_bf16, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));
+            store_out(y, y_bf16, res, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));
         }
     }
 }
 
-/* The entry points: y (M, N) = x W^T, x and y float32 or bfloat16 (the flags), x quantized into
- * `scratch` (at least M*K + 8*M*(K/32) bytes) and multiplied. */
+/* The entry points: y (M, N) = x W^T (+ res, (M, N) in y's dtype, where not NULL), x and y float32
+ * or bfloat16 (the flags), x quantized into `scratch` (at least M*K + 8*M*(K/32) bytes) and multiplied. */
 void dl_q8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const int8_t *wq, const float *ws, int64_t N,
-                  void *y, int y_bf16, uint8_t *scratch) {
+                  void *y, int y_bf16, const void *res, uint8_t *scratch) {
     int8_t *xq = (int8_t *)scratch;
     float *dx = (float *)(scratch + M * K);
     quantize_q8(x, x_bf16, M, K, xq, dx, NULL);
-    q8_gemm(wq, ws, N, K, xq, dx, M, y, y_bf16);
+    q8_gemm(wq, ws, N, K, xq, dx, M, y, y_bf16, res);
 }
 
 void dl_q4_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *qs, const float *d,
-                  const float *m, int64_t N, void *y, int y_bf16, uint8_t *scratch) {
+                  const float *m, int64_t N, void *y, int y_bf16, const void *res, uint8_t *scratch) {
     int8_t *xq = (int8_t *)scratch;
     float *dx = (float *)(scratch + M * K), *xs = dx + M * (K / QK);
     quantize_q8(x, x_bf16, M, K, xq, dx, xs);
-    q4_gemm(qs, d, m, N, K, xq, dx, xs, M, y, y_bf16);
+    q4_gemm(qs, d, m, N, K, xq, dx, xs, M, y, y_bf16, res);
 }

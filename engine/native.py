@@ -94,9 +94,13 @@ def lib() -> ctypes.CDLL | None:
             ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
             flag = ctypes.c_int
             handle.dl_attend.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, flag, ptr]
-            handle.dl_q8_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, i64, ptr, flag, ptr]
-            handle.dl_q4_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, ptr, i64, ptr, flag, ptr]
-            for fn in (handle.dl_attend, handle.dl_q8_linear, handle.dl_q4_linear):
+            handle.dl_q8_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, i64, ptr, flag, ptr, ptr]
+            handle.dl_q4_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, ptr, i64, ptr, flag, ptr, ptr]
+            handle.dl_rmsnorm.argtypes = [ptr, flag, ptr, i64, i64, f32, ptr]
+            handle.dl_rope_store.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
+            handle.dl_silu_mul.argtypes = [ptr, flag, i64, i64, ptr]
+            for fn in (handle.dl_attend, handle.dl_q8_linear, handle.dl_q4_linear, handle.dl_rmsnorm,
+                       handle.dl_rope_store, handle.dl_silu_mul):
                 fn.restype = None
             _lib = handle
             log.info("native kernels loaded (%s)", Path(handle._name).name)
@@ -123,12 +127,12 @@ def _input(x: torch.Tensor) -> torch.Tensor:
 
 
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, scale: float,
-           work: torch.Tensor) -> torch.Tensor:
+           work: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Causal attention of q's T tokens at positions start..start+T-1, one query row at a time.
 
     q (H, T, D), float32 or bfloat16; keys/values (KVH, L, D) float32, contiguous, already holding
-    the new tokens' rows; work: float32 scratch of at least T*H*(L+D). Returns (T, H*D) in q's
-    dtype. Row i of the answer does not depend on T: it is the decode step's computation for its token."""
+    the new tokens' rows; work: float32 scratch of at least T*H*(L+D). Returns (T, H*D) in
+    `out_dtype` (float32 or bfloat16; q's by default). Row i of the answer does not depend on T: it is the decode step's computation for its token."""
     h, t, d = q.shape
     kvh, length = keys.shape[0], keys.shape[1]
     if not (keys.is_contiguous() and values.is_contiguous() and keys.dtype == values.dtype == torch.float32):
@@ -136,9 +140,67 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     if h % kvh or start + t > length or work.numel() < t * h * (length + d) or work.dtype != torch.float32:
         raise ValueError(f"attend: unsupported shapes q {tuple(q.shape)} cache {tuple(keys.shape)}")
     q = _input(q)
-    out = torch.empty((t, h * d), dtype=q.dtype)
-    bf = int(q.dtype == torch.bfloat16)
-    lib().dl_attend(_ptr(q), bf, _ptr(keys), _ptr(values), t, h, kvh, d, length, start, scale, _ptr(out), bf, _ptr(work))
+    out = torch.empty((t, h * d), dtype=out_dtype or q.dtype)
+    lib().dl_attend(_ptr(q), _bf(q), _ptr(keys), _ptr(values), t, h, kvh, d, length, start, scale, _ptr(out), _bf(out),
+                    _ptr(work))
+    return out
+
+
+def _bf(t: torch.Tensor) -> int:
+    if t.dtype not in _DTYPES:
+        raise ValueError(f"the native kernels take float32 or bfloat16, not {t.dtype}")
+    return int(t.dtype == torch.bfloat16)
+
+
+def _same(x: torch.Tensor, *others: torch.Tensor) -> None:
+    if any(o.dtype != x.dtype or not o.is_contiguous() for o in others):
+        raise ValueError(f"the native kernels want contiguous operands of one dtype ({x.dtype})")
+
+
+def _residual(residual: torch.Tensor | None, y: torch.Tensor) -> ctypes.c_void_p | None:
+    if residual is None:
+        return None
+    if residual.shape != y.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} for an output {tuple(y.shape)}")
+    _same(y, residual)
+    return _ptr(residual)
+
+
+def rmsnorm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x's rows (M, C) by the weight w (C,), in x's dtype, with the roundings of the torch
+    version (engine.lean.LeanLM._rms)."""
+    x = x.contiguous()
+    _same(x, w)
+    m, c = x.shape
+    y = torch.empty_like(x)
+    lib().dl_rmsnorm(_ptr(x), _bf(x), _ptr(w), m, c, eps, _ptr(y))
+    return y
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int, kv_heads: int,
+               q_out: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int) -> None:
+    """RoPE on the q and k parts of qkv (T, (H + 2 KVH) D) at positions start..start+T-1 (cos/sin:
+    (T, D) rows for them, `sin` with its first half negated as LeanLM keeps it): q into q_out
+    (H, T, D) float32, k and v into the float32 caches (KVH, L, D)."""
+    t, row = qkv.shape
+    d = cos.shape[1]
+    qkv = qkv.contiguous()
+    _same(qkv, cos, sin)
+    if row != (heads + 2 * kv_heads) * d or q_out.shape != (heads, t, d) or q_out.dtype != torch.float32 \
+            or not q_out.is_contiguous() or cos.shape != (t, d) or start + t > keys.shape[1]:
+        raise ValueError(f"rope_store: unsupported shapes qkv {tuple(qkv.shape)} cos {tuple(cos.shape)}")
+    if not (keys.is_contiguous() and values.is_contiguous() and keys.dtype == values.dtype == torch.float32):
+        raise ValueError("rope_store needs contiguous float32 key/value caches")
+    lib().dl_rope_store(_ptr(qkv), _bf(qkv), _ptr(cos), _ptr(sin), t, heads, kv_heads, d, _ptr(q_out), _ptr(keys),
+                        _ptr(values), keys.shape[1], start)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for rows of [gate | up] (T, 2F), in their dtype: (T, F)."""
+    gate_up = gate_up.contiguous()
+    t, f2 = gate_up.shape
+    out = torch.empty((t, f2 // 2), dtype=gate_up.dtype)
+    lib().dl_silu_mul(_ptr(gate_up), _bf(gate_up), t, f2 // 2, _ptr(out))
     return out
 
 
@@ -146,11 +208,11 @@ def _scratch(m: int, k: int) -> torch.Tensor:
     return torch.empty(m * k + 8 * m * (k // QK), dtype=torch.uint8)
 
 
-def q8_linear(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tensor:
+def q8_linear(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T for int8 weights wq (N, K) with float32 scales ws (N,): the input is quantized to int8
     per block of 32 (llama.cpp's Q8_0 recipe) and the products are summed exactly in integers per
-    block. Returns (M, N) in x's dtype (float32 or bfloat16); a row's result does not depend on the
-    other rows."""
+    block. Returns (M, N) in x's dtype (float32 or bfloat16), plus `residual` (M, N) where given; a
+    row's result does not depend on the other rows."""
     m, k = x.shape
     n = wq.shape[0]
     if k % QK or wq.shape[1] != k or wq.dtype != torch.int8 or ws.dtype != torch.float32:
@@ -159,7 +221,7 @@ def q8_linear(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor) -> torch.Tens
     y = torch.empty((m, n), dtype=x.dtype)
     bf = int(x.dtype == torch.bfloat16)
     scratch = _scratch(m, k)  # held here: a temporary's memory is freed as soon as _ptr has read its address
-    lib().dl_q8_linear(_ptr(x), bf, m, k, _ptr(wq), _ptr(ws), n, _ptr(y), bf, _ptr(scratch))
+    lib().dl_q8_linear(_ptr(x), bf, m, k, _ptr(wq), _ptr(ws), n, _ptr(y), bf, _residual(residual, y), _ptr(scratch))
     return y
 
 
@@ -179,10 +241,10 @@ def q4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return qs, torch.stack([d, lo]).contiguous()
 
 
-def q4_linear(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor) -> torch.Tensor:
+def q4_linear(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """x W^T for q4_pack's blocks: the input quantized to int8 per block of 32, the products summed
-    exactly in integers per block. Returns (M, N) in x's dtype (float32 or bfloat16); a row's result
-    does not depend on the other rows."""
+    exactly in integers per block. Returns (M, N) in x's dtype (float32 or bfloat16), plus `residual`
+    where given; a row's result does not depend on the other rows."""
     m, k = x.shape
     n = qs.shape[0]
     if k % QK or qs.shape[1] * 2 != k or qs.dtype != torch.uint8 or dm.dtype != torch.float32 \
@@ -192,5 +254,6 @@ def q4_linear(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor) -> torch.Tens
     y = torch.empty((m, n), dtype=x.dtype)
     bf = int(x.dtype == torch.bfloat16)
     scratch = _scratch(m, k)
-    lib().dl_q4_linear(_ptr(x), bf, m, k, _ptr(qs), _ptr(dm[0]), _ptr(dm[1]), n, _ptr(y), bf, _ptr(scratch))
+    lib().dl_q4_linear(_ptr(x), bf, m, k, _ptr(qs), _ptr(dm[0]), _ptr(dm[1]), n, _ptr(y), bf, _residual(residual, y),
+                       _ptr(scratch))
     return y

@@ -116,6 +116,43 @@ def test_q4_linear_is_close_and_exact_per_row():
         native.q4_linear(x, qs, dm.half())
 
 
+@needs
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_layer_glue_matches_the_torch_version(dtype):
+    """RMSNorm, RoPE with the cache writes, SwiGLU's product and the residual addition: the values of
+    LeanLM's torch ops (their roundings mirrored: equal but for a last bit here and there)."""
+    torch.manual_seed(4)
+    lm = _tiny_lean(False, "none")
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    x, w = torch.randn(5, 64).to(dtype), torch.randn(64).to(dtype)
+    assert torch.allclose(native.rmsnorm(x, w, 1e-5).float(), LeanLM._rms(x, w, 1e-5).float(), **tol)
+    h, kvh, d, t, start, length = 4, 2, 16, 3, 6, 20
+    qkv = torch.randn(t, (h + 2 * kvh) * d).to(dtype)
+    lm.head_dim = d
+    angles = torch.outer(torch.arange(length).float(), torch.rand(d // 2))
+    emb = torch.cat([angles, angles], -1)
+    sin = emb.sin()
+    sin[:, : d // 2].neg_()
+    cos, sin = emb.cos().to(dtype)[start : start + t].contiguous(), sin.to(dtype)[start : start + t].contiguous()
+    keys, values = torch.zeros(kvh, length, d), torch.zeros(kvh, length, d)
+    q = torch.empty(h, t, d)
+    native.rope_store(qkv, cos, sin, h, kvh, q, keys, values, start)
+    rotated = lm._rotate(qkv[:, : (h + kvh) * d].view(t, h + kvh, d).transpose(0, 1), cos, sin)
+    assert torch.allclose(q, rotated[:h].float(), **tol)
+    assert torch.allclose(keys[:, start : start + t], rotated[h:].float(), **tol)
+    assert torch.equal(values[:, start : start + t], qkv[:, (h + kvh) * d :].view(t, kvh, d).transpose(0, 1).float())
+    assert not keys[:, :start].any() and not keys[:, start + t :].any()  # nothing else written
+    gu = torch.randn(t, 2 * 24).to(dtype)
+    gate, up = gu.split(24, -1)
+    assert torch.allclose(native.silu_mul(gu).float(), (torch.nn.functional.silu(gate) * up).float(), **tol)
+    wq = torch.randint(-127, 128, (8, 64), dtype=torch.int8)
+    ws, res = torch.rand(8) / 100, torch.randn(5, 8).to(dtype)
+    with_res = native.q8_linear(x, wq, ws, res)
+    assert torch.allclose(with_res.float(), (native.q8_linear(x, wq, ws) + res).float(), **tol)
+    with pytest.raises(ValueError, match="residual"):
+        native.q8_linear(x, wq, ws, res[:2])
+
+
 def _tiny_lean(native_on: bool, quant: str = "int8", head_dim: int = 16):
     from transformers import LlamaConfig, LlamaForCausalLM
 
