@@ -14,8 +14,9 @@ copies (a scale and a zero per 32 inputs, llama.cpp's Q4_1 grid) of all linears 
 which stays int8.
 
 Where engine/native.c can be built (an x86-64 CPU with AVX2 and FMA, and a C compiler), those short
-forwards' per-token attention and int8 products run there instead of in torch ops (`native`): the
-same row-for-row exactness, at a fraction of the per-row dispatch cost (see engine/native.py).
+forwards run there instead of in torch ops (`native`: norms, products, RoPE, attention, SwiGLU,
+residuals; nine calls a layer): the same row-for-row exactness, at a fraction of the cost (see
+engine/native.py). quant="int8" is then the faster recipe.
 """
 
 from __future__ import annotations
@@ -294,8 +295,8 @@ class LeanLM:
                  chunk: int | None = None, quant: str = "none", graphs: bool = False, native: bool | None = None):
         """`model`: a transformers model, or `Weights` (a directory read without transformers).
 
-        `native`: run the short forwards' per-token attention and int8 products in engine/native.c
-        (default: on the CPU wherever it can be built; False keeps torch's ops).
+        `native`: run the short forwards (decode, verify, trees) on engine/native.c's kernels
+        (default: on the CPU wherever they can be built; False keeps torch's ops).
 
         `graphs`: forwards of up to engine.graphs.MAX_ROWS tokens (decode, verify, trees) run as CUDA
         graphs on a GPU (engine/graphs.py; eagerly elsewhere, through the same code)."""
