@@ -235,6 +235,12 @@ static void q8_gemm(const int8_t *wq, const float *ws, int64_t N, int64_t K, con
 #define Q4_ROW(acc, w, a, s) \
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones)), s, acc)
 
+/* A Q4_1 block's 16 bytes as 32 unsigned bytes 0..15: inputs 0..15 from the low nibbles, 16..31 from the high. */
+static inline __m256i q4_block(const uint8_t *bytes) {
+    const __m128i raw = _mm_loadu_si128((const __m128i *)bytes), low4 = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+}
+
 /* m . xs over a row's blocks: 8 lanes in a fixed order, then the rest; a row's bits never depend on others. */
 static inline float dot_blocks(const float *m, const float *xs, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
@@ -255,7 +261,6 @@ static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N
                     const float *dx, const float *xs, int64_t M, void *y, int y_bf16, const void *res) {
     const int64_t nb = K / QK;
     const __m256i ones = _mm256_set1_epi16(1);
-    const __m128i low4 = _mm_set1_epi8(0x0F);
 #pragma omp parallel for schedule(static)
     for (int64_t n = 0; n < N; n++) {
         const uint8_t *wn = qs + n * (K / 2);
@@ -266,8 +271,7 @@ static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N
             const float *e0 = dx + r * nb;
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             for (int64_t b = 0; b < nb; b++) {
-                const __m128i raw = _mm_loadu_si128((const __m128i *)(wn + b * 16));
-                const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+                const __m256i w = q4_block(wn + b * 16);
                 const __m256 db = _mm256_set1_ps(dn[b]);
                 Q4_ROW(a0, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[b])));
                 Q4_ROW(a1, w, _mm256_loadu_si256((const __m256i *)(x0 + K + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[nb + b])));
@@ -284,8 +288,7 @@ static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N
             const float *e0 = dx + r * nb;
             __m256 a0 = _mm256_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
-                const __m128i raw = _mm_loadu_si128((const __m128i *)(wn + b * 16));
-                const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
+                const __m256i w = q4_block(wn + b * 16);
                 const __m256 db = _mm256_set1_ps(dn[b]);
                 Q4_ROW(a0, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[b])));
             }
