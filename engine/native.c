@@ -54,17 +54,79 @@ static inline void store_out(void *y, int bf16, const void *res, int64_t i, floa
     store_y(y, bf16, i, res ? rnd(value, bf16) + load_x(res, bf16, i) : value);
 }
 
+/* 8 lanes of load_x, rnd and store_y: the same values lane by lane */
+static inline __m256 load8_x(const void *x, int bf16, int64_t i) {
+    if (!bf16) return _mm256_loadu_ps((const float *)x + i);
+    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + i));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+static inline __m256i round_bits8(__m256 v) { /* float32 bits rounded to bfloat16's, nearest, ties to even */
+    const __m256i u = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    return _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), odd);
+}
+
+static inline __m256 rnd8(__m256 v, int bf16) {
+    if (!bf16) return v;
+    return _mm256_castsi256_ps(_mm256_and_si256(round_bits8(v), _mm256_set1_epi32((int)0xFFFF0000u)));
+}
+
+static inline void store8_y(void *y, int bf16, int64_t i, __m256 v) {
+    if (!bf16) {
+        _mm256_storeu_ps((float *)y + i, v);
+        return;
+    }
+    const __m256i top = _mm256_srli_epi32(round_bits8(v), 16); /* 0..65535: packus keeps them */
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08);
+    _mm_storeu_si128((__m128i *)((uint16_t *)y + i), _mm256_castsi256_si128(packed));
+}
+
+/* e^x, 8 lanes: x = n ln2 + r with |r| <= ln2/2, e^r by its Taylor polynomial to r^7 (relative
+ * error < 1e-8, below float32's), times 2^n put into the exponent field. x is first clamped to
+ * [-86, 88] so that the result is always a normal float (e^-86 ~ 4e-38 is nothing next to the 1
+ * a softmax's maximum gives; e^88 ~ 1.7e38 is as good as infinity in 1 / (1 + e^-x)).
+ * A fixed sequence of operations per lane. */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-86.0f)), _mm256_set1_ps(88.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+    return _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), e));
+}
+
 /* RMSNorm of M rows of C: y = (x / sqrt(mean(x^2) + eps), rounded to x's dtype) * w, rounded again:
- * the operations of the torch version (engine/lean.py: LeanLM._rms), sums in a fixed order. */
+ * the operations of the torch version (engine/lean.py: LeanLM._rms); the squares summed in 8 lanes
+ * (then the rest), a fixed order. */
 void dl_rmsnorm(const void *x, int bf16, const void *w, int64_t M, int64_t C, float eps, void *y) {
+    const int64_t C8 = C - C % 8;
     for (int64_t r = 0; r < M; r++) {
-        float ss = 0.0f;
-        for (int64_t c = 0; c < C; c++) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t c = 0; c < C8; c += 8) {
+            const __m256 v = load8_x(x, bf16, r * C + c);
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+        }
+        float ss = hsum8(acc);
+        for (int64_t c = C8; c < C; c++) {
             const float v = load_x(x, bf16, r * C + c);
             ss = ss + v * v;
         }
         const float inv = 1.0f / sqrtf(ss / (float)C + eps);
-        for (int64_t c = 0; c < C; c++)
+        const __m256 vinv = _mm256_set1_ps(inv);
+        for (int64_t c = 0; c < C8; c += 8)
+            store8_y(y, bf16, r * C + c,
+                     _mm256_mul_ps(rnd8(_mm256_mul_ps(load8_x(x, bf16, r * C + c), vinv), bf16), load8_x(w, bf16, c)));
+        for (int64_t c = C8; c < C; c++)
             store_y(y, bf16, r * C + c, rnd(load_x(x, bf16, r * C + c) * inv, bf16) * load_x(w, bf16, c));
     }
 }
@@ -72,14 +134,25 @@ void dl_rmsnorm(const void *x, int bf16, const void *w, int64_t M, int64_t C, fl
 /* RoPE on the q and k parts of T rows of qkv ((H + 2 KVH) * D each), as the torch version computes it
  * (x * cos + roll(x, D/2) * sin, `sin` with its first half negated, each product rounded to the
  * model's dtype); q goes to q_out (H, T, D) float32, k and v into the caches (KVH, L, D) float32
- * at positions start..start+T-1. cos, sin: (T, D) for those positions. */
+ * at positions start..start+T-1. cos, sin: (T, D) for those positions. 8 lanes where D/2 is a
+ * multiple of 8, else one value at a time (the same values). */
 void dl_rope_store(const void *qkv, int bf16, const void *cos, const void *sin, int64_t T, int64_t H,
                    int64_t KVH, int64_t D, float *q_out, float *kc, float *vc, int64_t L, int64_t start) {
     const int64_t row = (H + 2 * KVH) * D, half = D / 2;
+    const int lanes = half % 8 == 0;
     for (int64_t i = 0; i < T; i++) {
         for (int64_t head = 0; head < H + KVH; head++) {
             const int64_t base = i * row + head * D;
             float *dst = head < H ? q_out + (head * T + i) * D : kc + ((head - H) * L + start + i) * D;
+            if (lanes) {
+                for (int64_t e = 0; e < D; e += 8) {
+                    const int64_t other = e < half ? e + half : e - half;
+                    const __m256 a = rnd8(_mm256_mul_ps(load8_x(qkv, bf16, base + e), load8_x(cos, bf16, i * D + e)), bf16);
+                    const __m256 b = rnd8(_mm256_mul_ps(load8_x(qkv, bf16, base + other), load8_x(sin, bf16, i * D + e)), bf16);
+                    _mm256_storeu_ps(dst + e, rnd8(_mm256_add_ps(a, b), bf16));
+                }
+                continue;
+            }
             for (int64_t e = 0; e < D; e++) {
                 const int64_t other = e < half ? e + half : e - half;
                 const float a = rnd(load_x(qkv, bf16, base + e) * load_x(cos, bf16, i * D + e), bf16);
@@ -94,21 +167,42 @@ void dl_rope_store(const void *qkv, int bf16, const void *cos, const void *sin, 
 }
 
 /* SwiGLU's product for T rows of [gate | up] (2F each): out = silu(gate) * up, each rounded to the
- * model's dtype as torch rounds them. */
+ * model's dtype as torch rounds them; silu(g) = g / (1 + e^-g) with exp8 (8 lanes, then the rest). */
 void dl_silu_mul(const void *gu, int bf16, int64_t T, int64_t F, void *out) {
-    for (int64_t i = 0; i < T; i++)
-        for (int64_t f = 0; f < F; f++) {
-            const float g = load_x(gu, bf16, i * 2 * F + f);
-            const float silu = rnd(g / (1.0f + expf(-g)), bf16);
+    const int64_t F8 = F - F % 8;
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (int64_t i = 0; i < T; i++) {
+        for (int64_t f = 0; f < F8; f += 8) {
+            const __m256 g = load8_x(gu, bf16, i * 2 * F + f);
+            const __m256 silu = rnd8(_mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g)))), bf16);
+            store8_y(out, bf16, i * F + f, _mm256_mul_ps(silu, load8_x(gu, bf16, i * 2 * F + F + f)));
+        }
+        for (int64_t f = F8; f < F; f++) {
+            float lane[8] = {0};
+            lane[0] = -load_x(gu, bf16, i * 2 * F + f);
+            float ex[8];
+            _mm256_storeu_ps(ex, exp8(_mm256_loadu_ps(lane)));
+            const float g = -lane[0];
+            const float silu = rnd(g / (1.0f + ex[0]), bf16);
             store_y(out, bf16, i * F + f, silu * load_x(gu, bf16, i * 2 * F + F + f));
         }
+    }
+}
+
+/* the four sums of v0..v3's lanes, in one fixed order */
+static inline __m128 hsum8x4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    const __m256 t = _mm256_hadd_ps(_mm256_hadd_ps(v0, v1), _mm256_hadd_ps(v2, v3));
+    return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
 /* Causal attention of T new tokens after `start` cached ones, one query row at a time.
  * q (H, T, D), float32 or bfloat16 (q_bf16); the caches (KVH, L, D) float32 already hold the new
  * tokens' keys and values at start..start+T-1; row i attends to positions 0..start+i.
  * out (T, H, D), float32 or bfloat16 (out_bf16); work (T*H, L + D) float32 scratch.
- * H is a multiple of KVH (the heads of a group share a KV head); D is any size (8 lanes, then the rest). */
+ * H is a multiple of KVH (the heads of a group share a KV head); D is any size (8 lanes, then the rest).
+ * Row i's operations depend only on its query and its n = start + i + 1 keys: scores four keys at a
+ * time (two accumulators a key, the last group padded with repeats of the last key), softmax with
+ * exp8 over 8 lanes (the last lanes masked), values eight 8-lane accumulators at a time. */
 void dl_attend(const void *q, int q_bf16, const float *kc, const float *vc, int64_t T, int64_t H, int64_t KVH,
                int64_t D, int64_t L, int64_t start, float scale, void *out, int out_bf16, float *work) {
     const int64_t group = H / KVH, D8 = D - D % 8;
@@ -119,36 +213,99 @@ void dl_attend(const void *q, int q_bf16, const float *kc, const float *vc, int6
         const float *kg = kc + (h / group) * L * D, *vg = vc + (h / group) * L * D;
         float *s = work + ih * (L + D), *qi = s + L;
         for (int64_t e = 0; e < D; e++) qi[e] = load_x(q, q_bf16, (h * T + i) * D + e);
-        float mx = -INFINITY;
-        for (int64_t j = 0; j < n; j++) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t e = 0; e < D8; e += 8)
-                acc = _mm256_fmadd_ps(_mm256_loadu_ps(qi + e), _mm256_loadu_ps(kg + j * D + e), acc);
-            float dot = hsum8(acc);
-            for (int64_t e = D8; e < D; e++) dot = dot + qi[e] * kg[j * D + e];
-            const float v = dot * scale;
-            s[j] = v;
-            mx = v > mx ? v : mx;
+        __m256 vmax = _mm256_set1_ps(-INFINITY);
+        for (int64_t j = 0; j < n; j += 4) {
+            const float *k0 = kg + j * D, *k1 = kg + (j + 1 < n ? j + 1 : n - 1) * D,
+                        *k2 = kg + (j + 2 < n ? j + 2 : n - 1) * D, *k3 = kg + (j + 3 < n ? j + 3 : n - 1) * D;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            int64_t e = 0;
+            for (; e + 16 <= D8; e += 16) {
+                const __m256 qa = _mm256_loadu_ps(qi + e), qb = _mm256_loadu_ps(qi + e + 8);
+                a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + e), a0);
+                a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + e), a1);
+                a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + e), a2);
+                a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + e), a3);
+                b0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + e + 8), b0);
+                b1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k1 + e + 8), b1);
+                b2 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k2 + e + 8), b2);
+                b3 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k3 + e + 8), b3);
+            }
+            if (e < D8) {
+                const __m256 qa = _mm256_loadu_ps(qi + e);
+                a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + e), a0);
+                a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + e), a1);
+                a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + e), a2);
+                a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + e), a3);
+            }
+            float dots[4];
+            _mm_storeu_ps(dots, hsum8x4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
+                                        _mm256_add_ps(a3, b3)));
+            for (int64_t r = D8; r < D; r++) {
+                dots[0] = dots[0] + qi[r] * k0[r];
+                dots[1] = dots[1] + qi[r] * k1[r];
+                dots[2] = dots[2] + qi[r] * k2[r];
+                dots[3] = dots[3] + qi[r] * k3[r];
+            }
+            for (int64_t c = 0; c < 4 && j + c < n; c++) s[j + c] = dots[c] * scale;
         }
-        float sum = 0.0f;
-        for (int64_t j = 0; j < n; j++) {
-            const float e = expf(s[j] - mx);
-            s[j] = e;
-            sum = sum + e;
+        int64_t j = 0;
+        for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+        float mx = -INFINITY, lanes[8];
+        _mm256_storeu_ps(lanes, vmax);
+        for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+        for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+        const __m256 vmx = _mm256_set1_ps(mx);
+        __m256 vsum = _mm256_setzero_ps();
+        for (j = 0; j < n; j += 8) {
+            if (j + 8 <= n) {
+                const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
+                _mm256_storeu_ps(s + j, p);
+                vsum = _mm256_add_ps(vsum, p);
+            } else { /* the last n - j scores: the other lanes are zeros, added as zeros */
+                float tail[8] = {0};
+                for (int64_t c = 0; c < n - j; c++) tail[c] = s[j + c] - mx;
+                const __m256 keep = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                                  _mm256_set1_ps((float)(n - j)), _CMP_LT_OQ);
+                const __m256 p = _mm256_and_ps(exp8(_mm256_loadu_ps(tail)), keep);
+                _mm256_storeu_ps(tail, p);
+                for (int64_t c = 0; c < n - j; c++) s[j + c] = tail[c];
+                vsum = _mm256_add_ps(vsum, p);
+            }
         }
-        const float inv = 1.0f / sum;
+        const float inv = 1.0f / hsum8(vsum);
+        const __m256 vinv = _mm256_set1_ps(inv);
         const int64_t o = (i * H + h) * D;
-        for (int64_t e = 0; e < D8; e += 8) {
-            __m256 acc = _mm256_setzero_ps();
-            for (int64_t j = 0; j < n; j++)
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(s[j]), _mm256_loadu_ps(vg + j * D + e), acc);
-            float lanes[8];
-            _mm256_storeu_ps(lanes, _mm256_mul_ps(acc, _mm256_set1_ps(inv)));
+        int64_t e = 0;
+        for (; e + 64 <= D8; e += 64) {
+            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+            for (int64_t jj = 0; jj < n; jj++) {
+                const __m256 p = _mm256_broadcast_ss(s + jj);
+                const float *v = vg + jj * D + e;
+                c0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), c0);
+                c1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), c1);
+                c2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), c2);
+                c3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), c3);
+                c4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), c4);
+                c5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), c5);
+                c6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), c6);
+                c7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), c7);
+            }
+            const __m256 cs[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
+            for (int c = 0; c < 8; c++) {
+                _mm256_storeu_ps(lanes, _mm256_mul_ps(cs[c], vinv));
+                for (int l = 0; l < 8; l++) store_y(out, out_bf16, o + e + 8 * c + l, lanes[l]);
+            }
+        }
+        for (; e < D8; e += 8) {
+            __m256 c0 = _mm256_setzero_ps();
+            for (int64_t jj = 0; jj < n; jj++)
+                c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + jj), _mm256_loadu_ps(vg + jj * D + e), c0);
+            _mm256_storeu_ps(lanes, _mm256_mul_ps(c0, vinv));
             for (int l = 0; l < 8; l++) store_y(out, out_bf16, o + e + l, lanes[l]);
         }
-        for (int64_t e = D8; e < D; e++) {
+        for (; e < D; e++) {
             float acc = 0.0f;
-            for (int64_t j = 0; j < n; j++) acc = acc + s[j] * vg[j * D + e];
+            for (int64_t jj = 0; jj < n; jj++) acc = acc + s[jj] * vg[jj * D + e];
             store_y(out, out_bf16, o + e, acc * inv);
         }
     }
