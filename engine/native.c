@@ -340,57 +340,67 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
     }
 }
 
-/* One row's step over a block: acc += float(int8 dot of w and a) * s. |w|, |a| <= 127, so the
- * pairwise 16-bit sums cannot saturate. Every row of every call runs exactly this. */
-#define Q8_ROW(acc, wabs, w, a, s)                                                                  \
-    acc = _mm256_fmadd_ps(                                                                          \
-        _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(wabs, _mm256_sign_epi8(a, w)), ones)), s, acc)
+/* The integer lanes of a block's dot product: lane l (of 8) = the sum of the products of bytes
+ * 4l..4l+3 of u (unsigned) and s (signed). AVX2 forms them in two steps (pairs into 16 bits, which
+ * cannot saturate here: |products| <= 127 * 127 for int8, 15 * 127 for Q4_1), AVX512-VNNI in one
+ * instruction; the integers, and so every result, are the same. */
+#define LANES_AVX2(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
+#define LANES_VNNI(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+
+/* One row's step over an int8 block: acc += float(dot of w and a) * s, with |w| as the unsigned side
+ * and a carrying w's signs. Every row of every call runs exactly this. */
+#define Q8_ROW(LANES, acc, wabs, w, a, s) \
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(LANES(wabs, _mm256_sign_epi8(a, w))), s, acc)
 
 /* y (M, N) = x W^T for int8 weights wq (N, K) with one float32 scale per output ws (N), and x given
  * as dl_quantize_q8's blocks. Each weight block is read once for up to four rows. */
-static void q8_gemm(const int8_t *wq, const float *ws, int64_t N, int64_t K, const int8_t *xq,
-                    const float *dx, int64_t M, void *y, int y_bf16, const void *res) {
-    const int64_t nb = K / QK;
-    const __m256i ones = _mm256_set1_epi16(1);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const int8_t *wn = wq + n * K;
-        int64_t r = 0;
-        for (; r + 4 <= M; r += 4) {
-            const int8_t *x0 = xq + r * K;
-            const float *e0 = dx + r * nb;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t b = 0; b < nb; b++) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(wn + b * QK));
-                const __m256i wabs = _mm256_sign_epi8(w, w);
-                Q8_ROW(a0, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)), _mm256_set1_ps(e0[b]));
-                Q8_ROW(a1, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + K + b * QK)), _mm256_set1_ps(e0[nb + b]));
-                Q8_ROW(a2, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)), _mm256_set1_ps(e0[2 * nb + b]));
-                Q8_ROW(a3, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)), _mm256_set1_ps(e0[3 * nb + b]));
-            }
-            store_out(y, y_bf16, res, r * N + n, hsum8(a0) * ws[n]);
-            store_out(y, y_bf16, res, (r + 1) * N + n, hsum8(a1) * ws[n]);
-            store_out(y, y_bf16, res, (r + 2) * N + n, hsum8(a2) * ws[n]);
-            store_out(y, y_bf16, res, (r + 3) * N + n, hsum8(a3) * ws[n]);
-        }
-        for (; r < M; r++) { /* the rows left over, one at a time, through the same operations */
-            const int8_t *x0 = xq + r * K;
-            const float *e0 = dx + r * nb;
-            __m256 a0 = _mm256_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                const __m256i w = _mm256_loadu_si256((const __m256i *)(wn + b * QK));
-                const __m256i wabs = _mm256_sign_epi8(w, w);
-                Q8_ROW(a0, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)), _mm256_set1_ps(e0[b]));
-            }
-            store_out(y, y_bf16, res, r * N + n, hsum8(a0) * ws[n]);
-        }
+#define DEFINE_Q8_GEMM(NAME, LANES)                                                                        \
+    static void NAME(const int8_t *wq, const float *ws, int64_t N, int64_t K, const int8_t *xq,            \
+                     const float *dx, int64_t M, void *y, int y_bf16, const void *res) {                  \
+        const int64_t nb = K / QK;                                                                         \
+        _Pragma("omp parallel for schedule(static)")                                                       \
+        for (int64_t n = 0; n < N; n++) {                                                                  \
+            const int8_t *wn = wq + n * K;                                                                 \
+            int64_t r = 0;                                                                                 \
+            for (; r + 4 <= M; r += 4) {                                                                   \
+                const int8_t *x0 = xq + r * K;                                                             \
+                const float *e0 = dx + r * nb;                                                             \
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
+                for (int64_t b = 0; b < nb; b++) {                                                         \
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(wn + b * QK));                  \
+                    const __m256i wabs = _mm256_sign_epi8(w, w);                                           \
+                    Q8_ROW(LANES, a0, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)),         \
+                           _mm256_set1_ps(e0[b]));                                                         \
+                    Q8_ROW(LANES, a1, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + K + b * QK)),     \
+                           _mm256_set1_ps(e0[nb + b]));                                                    \
+                    Q8_ROW(LANES, a2, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)), \
+                           _mm256_set1_ps(e0[2 * nb + b]));                                                \
+                    Q8_ROW(LANES, a3, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)), \
+                           _mm256_set1_ps(e0[3 * nb + b]));                                                \
+                }                                                                                          \
+                store_out(y, y_bf16, res, r * N + n, hsum8(a0) * ws[n]);                                   \
+                store_out(y, y_bf16, res, (r + 1) * N + n, hsum8(a1) * ws[n]);                             \
+                store_out(y, y_bf16, res, (r + 2) * N + n, hsum8(a2) * ws[n]);                             \
+                store_out(y, y_bf16, res, (r + 3) * N + n, hsum8(a3) * ws[n]);                             \
+            }                                                                                              \
+            for (; r < M; r++) { /* the rows left over, one at a time, through the same operations */      \
+                const int8_t *x0 = xq + r * K;                                                             \
+                const float *e0 = dx + r * nb;                                                             \
+                __m256 a0 = _mm256_setzero_ps();                                                           \
+                for (int64_t b = 0; b < nb; b++) {                                                         \
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(wn + b * QK));                  \
+                    const __m256i wabs = _mm256_sign_epi8(w, w);                                           \
+                    Q8_ROW(LANES, a0, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)),         \
+                           _mm256_set1_ps(e0[b]));                                                         \
+                }                                                                                          \
+                store_out(y, y_bf16, res, r * N + n, hsum8(a0) * ws[n]);                                   \
+            }                                                                                              \
+        }                                                                                                  \
     }
-}
 
 /* One row's step over a block of Q4_1 weights: acc += float(int dot(q, a)) * s, q in 0..15 (unsigned,
- * so maddubs takes it directly; pairs sum to at most 2 * 15 * 127). Every row runs exactly this. */
-#define Q4_ROW(acc, w, a, s) \
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(w, a), ones)), s, acc)
+ * so it is the unsigned side as it is). Every row runs exactly this. */
+#define Q4_ROW(LANES, acc, w, a, s) acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(LANES(w, a)), s, acc)
 
 /* A Q4_1 block's 16 bytes as 32 unsigned bytes 0..15: inputs 0..15 from the low nibbles, 16..31 from the high. */
 static inline __m256i q4_block(const uint8_t *bytes) {
@@ -414,44 +424,87 @@ static inline float dot_blocks(const float *m, const float *xs, int64_t nb) {
  *   y = sum over blocks of d * dx * (q . xq)  +  m . xs.
  * qs uint8 (N, K/2): byte j of a block holds input j (low nibble) and input j + 16 (high nibble);
  * d, m float32 (N, K/32). Each weight block is unpacked once for up to four rows. */
+#define DEFINE_Q4_GEMM(NAME, LANES)                                                                        \
+    static void NAME(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K,              \
+                     const int8_t *xq, const float *dx, const float *xs, int64_t M, void *y, int y_bf16,   \
+                     const void *res) {                                                                    \
+        const int64_t nb = K / QK;                                                                         \
+        _Pragma("omp parallel for schedule(static)")                                                       \
+        for (int64_t n = 0; n < N; n++) {                                                                  \
+            const uint8_t *wn = qs + n * (K / 2);                                                          \
+            const float *dn = d + n * nb, *mn = m + n * nb;                                                \
+            int64_t r = 0;                                                                                 \
+            for (; r + 4 <= M; r += 4) {                                                                   \
+                const int8_t *x0 = xq + r * K;                                                             \
+                const float *e0 = dx + r * nb;                                                             \
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
+                for (int64_t b = 0; b < nb; b++) {                                                         \
+                    const __m256i w = q4_block(wn + b * 16);                                               \
+                    const __m256 db = _mm256_set1_ps(dn[b]);                                               \
+                    Q4_ROW(LANES, a0, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)),               \
+                           _mm256_mul_ps(db, _mm256_set1_ps(e0[b])));                                      \
+                    Q4_ROW(LANES, a1, w, _mm256_loadu_si256((const __m256i *)(x0 + K + b * QK)),           \
+                           _mm256_mul_ps(db, _mm256_set1_ps(e0[nb + b])));                                 \
+                    Q4_ROW(LANES, a2, w, _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)),       \
+                           _mm256_mul_ps(db, _mm256_set1_ps(e0[2 * nb + b])));                             \
+                    Q4_ROW(LANES, a3, w, _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)),       \
+                           _mm256_mul_ps(db, _mm256_set1_ps(e0[3 * nb + b])));                             \
+                }                                                                                          \
+                store_out(y, y_bf16, res, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));         \
+                store_out(y, y_bf16, res, (r + 1) * N + n, hsum8(a1) + dot_blocks(mn, xs + (r + 1) * nb, nb)); \
+                store_out(y, y_bf16, res, (r + 2) * N + n, hsum8(a2) + dot_blocks(mn, xs + (r + 2) * nb, nb)); \
+                store_out(y, y_bf16, res, (r + 3) * N + n, hsum8(a3) + dot_blocks(mn, xs + (r + 3) * nb, nb)); \
+            }                                                                                              \
+            for (; r < M; r++) { /* the rows left over, one at a time, through the same operations */      \
+                const int8_t *x0 = xq + r * K;                                                             \
+                const float *e0 = dx + r * nb;                                                             \
+                __m256 a0 = _mm256_setzero_ps();                                                           \
+                for (int64_t b = 0; b < nb; b++) {                                                         \
+                    const __m256i w = q4_block(wn + b * 16);                                               \
+                    const __m256 db = _mm256_set1_ps(dn[b]);                                               \
+                    Q4_ROW(LANES, a0, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)),               \
+                           _mm256_mul_ps(db, _mm256_set1_ps(e0[b])));                                      \
+                }                                                                                          \
+                store_out(y, y_bf16, res, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));         \
+            }                                                                                              \
+        }                                                                                                  \
+    }
+
+DEFINE_Q8_GEMM(q8_gemm_avx2, LANES_AVX2)
+DEFINE_Q4_GEMM(q4_gemm_avx2, LANES_AVX2)
+#if defined(__GNUC__) && !defined(DL_NO_VNNI)
+#define VNNI __attribute__((target("avx512f,avx512vl,avx512vnni")))
+VNNI DEFINE_Q8_GEMM(q8_gemm_vnni, LANES_VNNI)
+VNNI DEFINE_Q4_GEMM(q4_gemm_vnni, LANES_VNNI)
+static int vnni_ok(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vnni");
+}
+#else
+#define q8_gemm_vnni q8_gemm_avx2
+#define q4_gemm_vnni q4_gemm_avx2
+static int vnni_ok(void) { return 0; }
+#endif
+
+static int use_vnni = -1; /* -1: not decided yet */
+
+/* Which integer dot the products use: want 0 = AVX2's, 1 = AVX512-VNNI's where the CPU has it,
+ * -1 = keep (the first call decides: VNNI where there is one). The results are the same bits either
+ * way; only the time differs. Returns 1 if VNNI is in use. */
+int dl_vnni(int want) {
+    if (want >= 0 || use_vnni < 0) use_vnni = (want != 0) && vnni_ok();
+    return use_vnni;
+}
+
+static void q8_gemm(const int8_t *wq, const float *ws, int64_t N, int64_t K, const int8_t *xq, const float *dx,
+                    int64_t M, void *y, int y_bf16, const void *res) {
+    (dl_vnni(-1) ? q8_gemm_vnni : q8_gemm_avx2)(wq, ws, N, K, xq, dx, M, y, y_bf16, res);
+}
+
 static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K, const int8_t *xq,
                     const float *dx, const float *xs, int64_t M, void *y, int y_bf16, const void *res) {
-    const int64_t nb = K / QK;
-    const __m256i ones = _mm256_set1_epi16(1);
-#pragma omp parallel for schedule(static)
-    for (int64_t n = 0; n < N; n++) {
-        const uint8_t *wn = qs + n * (K / 2);
-        const float *dn = d + n * nb, *mn = m + n * nb;
-        int64_t r = 0;
-        for (; r + 4 <= M; r += 4) {
-            const int8_t *x0 = xq + r * K;
-            const float *e0 = dx + r * nb;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-            for (int64_t b = 0; b < nb; b++) {
-                const __m256i w = q4_block(wn + b * 16);
-                const __m256 db = _mm256_set1_ps(dn[b]);
-                Q4_ROW(a0, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[b])));
-                Q4_ROW(a1, w, _mm256_loadu_si256((const __m256i *)(x0 + K + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[nb + b])));
-                Q4_ROW(a2, w, _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[2 * nb + b])));
-                Q4_ROW(a3, w, _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[3 * nb + b])));
-            }
-            store_out(y, y_bf16, res, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));
-            store_out(y, y_bf16, res, (r + 1) * N + n, hsum8(a1) + dot_blocks(mn, xs + (r + 1) * nb, nb));
-            store_out(y, y_bf16, res, (r + 2) * N + n, hsum8(a2) + dot_blocks(mn, xs + (r + 2) * nb, nb));
-            store_out(y, y_bf16, res, (r + 3) * N + n, hsum8(a3) + dot_blocks(mn, xs + (r + 3) * nb, nb));
-        }
-        for (; r < M; r++) { /* the rows left over, one at a time, through the same operations */
-            const int8_t *x0 = xq + r * K;
-            const float *e0 = dx + r * nb;
-            __m256 a0 = _mm256_setzero_ps();
-            for (int64_t b = 0; b < nb; b++) {
-                const __m256i w = q4_block(wn + b * 16);
-                const __m256 db = _mm256_set1_ps(dn[b]);
-                Q4_ROW(a0, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)), _mm256_mul_ps(db, _mm256_set1_ps(e0[b])));
-            }
-            store_out(y, y_bf16, res, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));
-        }
-    }
+    (dl_vnni(-1) ? q4_gemm_vnni : q4_gemm_avx2)(qs, d, m, N, K, xq, dx, xs, M, y, y_bf16, res);
 }
 
 /* The entry points: y (M, N) = x W^T (+ res, (M, N) in y's dtype, where not NULL), x and y float32

@@ -99,15 +99,24 @@ def lib() -> ctypes.CDLL | None:
             handle.dl_rmsnorm.argtypes = [ptr, flag, ptr, i64, i64, f32, ptr]
             handle.dl_rope_store.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
             handle.dl_silu_mul.argtypes = [ptr, flag, i64, i64, ptr]
+            handle.dl_vnni.argtypes, handle.dl_vnni.restype = [flag], flag
             for fn in (handle.dl_attend, handle.dl_q8_linear, handle.dl_q4_linear, handle.dl_rmsnorm,
                        handle.dl_rope_store, handle.dl_silu_mul):
                 fn.restype = None
             _lib = handle
-            log.info("native kernels loaded (%s)", Path(handle._name).name)
+            log.info("native kernels loaded (%s; integer dots: %s)", Path(handle._name).name,
+                     "AVX512-VNNI" if handle.dl_vnni(-1) else "AVX2")
         except Exception as exc:  # any failure leaves the torch ops in place
             _why = str(exc) or type(exc).__name__
             log.info("native kernels unavailable, using torch ops: %s", _why)
     return _lib
+
+
+def vnni(want: bool | None = None) -> bool:
+    """Do the int8/Q4_1 products use AVX512-VNNI's integer dot? `want` False makes them use AVX2's, True
+    VNNI's where the CPU has it. Either gives the same bits (the tests check it); VNNI is faster for
+    a verify's rows. Needs the library."""
+    return bool(lib().dl_vnni(-1 if want is None else int(want)))
 
 
 def unavailable_reason() -> str | None:

@@ -91,6 +91,37 @@ def test_q8_linear_is_close_and_exact_per_row():
 
 
 @needs
+def test_vnni_and_avx2_integer_dots_give_the_same_bits():
+    """Where the CPU has AVX512-VNNI the products use its one-instruction integer dot; the integers,
+    and so the results, must be those of the AVX2 path, extreme values included (no saturation)."""
+    if not native.vnni(True):
+        pytest.skip("this CPU has no AVX512-VNNI")
+    torch.manual_seed(5)
+    n, k = 40, 128
+    wq = torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    wq[0] = 127
+    wq[1] = -127
+    ws = torch.rand(n) + 0.5
+    w = (torch.randn(n, k) * 0.1).to(torch.bfloat16)
+    qs, dm = native.q4_pack(w)
+    x = torch.randn(9, k) * 3
+    x[0, :32] = 1000.0  # whole blocks at the int8 extreme after quantization
+    x[1, :32] = -1000.0
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            xs = x.to(dtype)
+            outs = {}
+            for flag in (True, False):
+                assert native.vnni(flag) is flag
+                outs[flag] = ([native.q8_linear(xs[:m], wq, ws) for m in range(1, 10)],
+                              [native.q4_linear(xs[:m], qs, dm) for m in range(1, 10)])
+            for a, b in zip(outs[True][0] + outs[True][1], outs[False][0] + outs[False][1]):
+                assert torch.equal(a, b)
+    finally:
+        native.vnni(True)
+
+
+@needs
 def test_q4_linear_is_close_and_exact_per_row():
     torch.manual_seed(2)
     n, k = 48, 96
