@@ -290,6 +290,9 @@ class LeanLM:
     """
 
     supports_tree = True  # engine.tree.tree_support(lm) reads this; CachedLM has no trees
+    # native short forwards: all layers in one call (native_kernels.Layers) where the weights allow;
+    # False: one call per step (the same bits, tests compare them)
+    fuse_layers = True
 
     def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None, max_len: int = 4096,
                  chunk: int | None = None, quant: str = "none", graphs: bool = False, native: bool | None = None):
@@ -403,6 +406,7 @@ class LeanLM:
         """Use `kv` (layers, k|v, KVH, L, D) as the KV cache, with its per-layer views made once."""
         self.kv = kv
         self._kv_views = [(kv[i, 0], kv[i, 1]) for i in range(kv.shape[0])]  # (KVH, L, D) each
+        self._fused = None  # native_kernels.Layers over these caches, made at the first short forward
         if getattr(self, "graphs", None) is not None:
             self.graphs.reset()  # they write to the old cache's addresses
 
@@ -462,6 +466,13 @@ class LeanLM:
         decode step's, bit for bit."""
         nk, t = native_kernels, x.shape[0]
         cos, sin = self.cos[start : start + t], self.sin[start : start + t]
+        if self.fuse_layers:
+            if self._fused is None or (self._fused and self._fused.dtype != x.dtype):
+                self._fused = nk.Layers(self.layers, self._kv_views, self.n_heads, self.n_kv, self.head_dim, self.ffn,
+                                        self.eps, self.scale, INT8_MAX_ROWS, x.dtype) \
+                    if nk.Layers.fits(self.layers, x.dtype) else False
+            if self._fused:
+                return self._fused(x, start, cos, sin)
         q = torch.empty((self.n_heads, t, self.head_dim), dtype=torch.float32)
         for li, (ln1, wqkv, wo, ln2, wgu, wdown) in enumerate(self.layers):
             cache_k, cache_v = self._kv_views[li]

@@ -53,7 +53,8 @@ def _build(cc: str) -> Path:
 
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     src = SOURCE.read_bytes()
-    attempts = [FLAGS + ["-fopenmp"], FLAGS]  # without OpenMP (e.g. Apple clang): one thread
+    # without OpenMP (e.g. Apple clang): one thread; DL_NO_VNNI: a compiler that does not know AVX512-VNNI
+    attempts = [FLAGS + ["-fopenmp"], FLAGS, FLAGS + ["-fopenmp", "-DDL_NO_VNNI"], FLAGS + ["-DDL_NO_VNNI"]]
     for flags in attempts:
         key = hashlib.sha256(src + " ".join([cc, *flags, version]).encode()).hexdigest()[:20]
         out = cache_root() / "native" / f"draftline-{key}.so"
@@ -100,6 +101,9 @@ def lib() -> ctypes.CDLL | None:
             handle.dl_rope_store.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
             handle.dl_silu_mul.argtypes = [ptr, flag, i64, i64, ptr]
             handle.dl_vnni.argtypes, handle.dl_vnni.restype = [flag], flag
+            handle.dl_layers.argtypes = [ptr, flag, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, ptr, ptr,
+                                         ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+            handle.dl_layers.restype = None
             for fn in (handle.dl_attend, handle.dl_q8_linear, handle.dl_q4_linear, handle.dl_rmsnorm,
                        handle.dl_rope_store, handle.dl_silu_mul):
                 fn.restype = None
@@ -266,3 +270,62 @@ def q4_linear(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor, residual: tor
     lib().dl_q4_linear(_ptr(x), bf, m, k, _ptr(qs), _ptr(dm[0]), _ptr(dm[1]), n, _ptr(y), bf, _residual(residual, y),
                        _ptr(scratch))
     return y
+
+
+class Layers:
+    """All the layers of a short forward in one native call (dl_layers): the nine steps a layer that
+    LeanLM._native_layers makes one call at a time, with the same arguments and so the same bits,
+    without ~270 calls' overhead a token. For int8 weights (Linear with `sf`) without biases only.
+
+    layers: LeanLM.layers' tuples (ln1, qkv, o, ln2, gate_up, down); caches: their (k, v) float32
+    views (KVH, L, D), fixed for this object's life; the scratch is held here, for up to `rows` tokens.
+    """
+
+    def __init__(self, layers, caches, heads: int, kv_heads: int, head_dim: int, ffn: int, eps: float,
+                 scale: float, rows: int, dtype: torch.dtype):
+        self.heads, self.kv_heads, self.head_dim, self.ffn = heads, kv_heads, head_dim, ffn
+        self.eps, self.scale, self.rows, self.dtype = eps, scale, rows, dtype
+        self.hidden = layers[0][0].shape[0]
+        self.length = caches[0][0].shape[1]
+        keep = []  # every tensor whose address is in the table
+        table = []
+        for (ln1, wqkv, wo, ln2, wgu, wdown), (k, v) in zip(layers, caches):
+            for t in (ln1, wqkv.q, wqkv.sf, wo.q, wo.sf, ln2, wgu.q, wgu.sf, wdown.q, wdown.sf, k, v):
+                if not t.is_contiguous():
+                    raise ValueError("Layers: a weight or cache is not contiguous")
+                keep.append(t)
+                table.append(t.data_ptr())
+        self._keep = keep
+        self._table = (ctypes.c_void_p * len(table))(*table)
+        self.count = len(layers)
+        c, h, d, f = self.hidden, heads, head_dim, ffn
+        self._h = torch.empty((rows, c), dtype=dtype)
+        self._qkv = torch.empty((rows, (h + 2 * kv_heads) * d), dtype=dtype)
+        self._q = torch.empty((h * rows * d,), dtype=torch.float32)
+        self._att = torch.empty((rows, h * d), dtype=dtype)
+        self._gu = torch.empty((rows, 2 * f), dtype=dtype)
+        self._act = torch.empty((rows, f), dtype=dtype)
+        self._scratch = _scratch(rows, max(c, h * d, f))
+        self._work = torch.empty((rows * h * (self.length + d),), dtype=torch.float32)
+
+    @staticmethod
+    def fits(layers, dtype: torch.dtype) -> bool:
+        """Can these layers run in one call? int8 native weights, no biases, norms in the model's dtype."""
+        return dtype in _DTYPES and all(
+            lin.sf is not None and lin.b is None and not lin.n4 for layer in layers for lin in (layer[1], layer[2], layer[4], layer[5])
+        ) and all(layer[0].dtype == dtype and layer[3].dtype == dtype for layer in layers)
+
+    def __call__(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """The layers' output for x (T, C), T <= rows, at positions start..start+T-1 (cos, sin: their
+        (T, D) rows); the caches get the new keys and values. Returns a new tensor."""
+        t = x.shape[0]
+        if t > self.rows or x.dtype != self.dtype or start + t > self.length:
+            raise ValueError(f"Layers: {t} rows of {x.dtype} at {start} do not fit")
+        x = x.contiguous().clone()
+        cos, sin = cos.contiguous(), sin.contiguous()
+        _same(x, cos, sin)
+        lib().dl_layers(_ptr(x), _bf(x), t, start, self.count, self.hidden, self.heads, self.kv_heads, self.head_dim,
+                        self.ffn, self.length, self.eps, self.scale, ctypes.cast(self._table, ctypes.c_void_p),
+                        _ptr(cos), _ptr(sin), _ptr(self._h), _ptr(self._qkv), _ptr(self._q), _ptr(self._att),
+                        _ptr(self._gu), _ptr(self._act), _ptr(self._scratch), _ptr(self._work))
+        return x

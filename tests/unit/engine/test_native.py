@@ -218,6 +218,35 @@ def test_lean_verify_rows_are_decode_steps_with_the_kernels(quant):
 
 
 @needs
+def test_all_layers_in_one_call_give_the_per_step_calls_bits():
+    """native.Layers runs a short forward's layers in one call (int8 weights without biases): the
+    logits, and the keys and values it caches, must be those of the nine calls a layer, for a decode
+    step and for a verify of every length up to 9."""
+    lm = _tiny_lean(True, "int8")
+    assert native.Layers.fits(lm.layers, torch.bfloat16)
+    prompt = [int(t) for t in torch.randint(0, 128, (30,))]
+    follow = [int(t) for t in torch.randint(0, 128, (9,))]
+    outs = {}
+    for fused in (True, False):
+        lm.fuse_layers = fused
+        lm.reset()
+        lm.forward(prompt, keep_logits=1)
+        step = lm.forward(follow[:1])
+        verifies = []
+        for k in range(1, 10):
+            lm.truncate(len(prompt))
+            verifies.append(lm.forward(follow[:k]))
+        outs[fused] = (step, verifies, lm.kv[:, :, :, : len(prompt) + 9].clone())
+    assert lm._fused  # the fused path was taken
+    assert torch.equal(outs[True][0], outs[False][0])
+    for a, b in zip(outs[True][1], outs[False][1]):
+        assert torch.equal(a, b)
+    assert torch.equal(outs[True][2], outs[False][2])
+    lm4 = _tiny_lean(True, "int4")
+    assert not native.Layers.fits(lm4.layers, torch.bfloat16)  # Q4_1 blocks: one call per step
+
+
+@needs
 def test_kernels_and_torch_ops_agree_closely():
     on, off = _tiny_lean(True), _tiny_lean(False)
     assert on.native and not off.native and off.lm_head.sf is None
