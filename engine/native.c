@@ -311,31 +311,42 @@ void dl_attend(const void *q, int q_bf16, const float *kc, const float *vc, int6
     }
 }
 
-/* x (M, K) float32 or bfloat16 -> int8 xq (M, K) and dx (M, K/32): per block of 32, x ~ dx * xq, |xq| <= 127;
- * xs (M, K/32), when not NULL: dx times the block's sum of xq (the Q4_1 kernel's m term).
- * Per row, scalar: a row's result never depends on the others. K must be a multiple of 32. */
+/* x (M, K) float32 or bfloat16 -> int8 xq (M, K) and dx (M, K/32): per block of 32, x ~ dx * xq, |xq| <= 127
+ * (xq = x * (127 / max |x|) rounded to nearest, ties to even); xs (M, K/32), when not NULL: dx times the
+ * block's sum of xq (the Q4_1 kernel's m term). 8 lanes at a time; each value's arithmetic is the
+ * scalar one's, and a row's result never depends on the others. K must be a multiple of 32. */
 static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *xq, float *dx, float *xs) {
     const int64_t nb = K / QK;
+    const __m256 nosign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF));
+    const __m256i lim = _mm256_set1_epi32(127), nlim = _mm256_set1_epi32(-127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     for (int64_t r = 0; r < M; r++) {
         for (int64_t b = 0; b < nb; b++) {
-            float xb[QK];
-            for (int j = 0; j < QK; j++) xb[j] = load_x(x, bf16, r * K + b * QK + j);
-            int8_t *qb = xq + r * K + b * QK;
-            float amax = 0.0f;
-            for (int j = 0; j < QK; j++) {
-                const float a = fabsf(xb[j]);
-                amax = a > amax ? a : amax;
+            const int64_t at = r * K + b * QK;
+            __m256 v[4];
+            for (int c = 0; c < 4; c++) v[c] = load8_x(x, bf16, at + 8 * c);
+            const __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], nosign), _mm256_and_ps(v[1], nosign)),
+                                           _mm256_max_ps(_mm256_and_ps(v[2], nosign), _mm256_and_ps(v[3], nosign)));
+            float lanes[8], amax = 0.0f;
+            _mm256_storeu_ps(lanes, m);
+            for (int l = 0; l < 8; l++) amax = lanes[l] > amax ? lanes[l] : amax;
+            const __m256 id = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+            __m256i q[4];
+            for (int c = 0; c < 4; c++) {
+                const __m256 t = _mm256_round_ps(_mm256_mul_ps(v[c], id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                q[c] = _mm256_max_epi32(_mm256_min_epi32(_mm256_cvtps_epi32(t), lim), nlim);
             }
-            const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
-            int sum = 0;
-            for (int j = 0; j < QK; j++) {
-                int v = (int)nearbyintf(xb[j] * id);
-                v = v > 127 ? 127 : (v < -127 ? -127 : v);
-                qb[j] = (int8_t)v;
-                sum += v;
-            }
+            /* packs work within 128-bit halves: the permute puts the 32 bytes back in input order */
+            const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256((__m256i *)(xq + at), _mm256_permutevar8x32_epi32(bytes, order));
             dx[r * nb + b] = amax / 127.0f;
-            if (xs) xs[r * nb + b] = dx[r * nb + b] * (float)sum;
+            if (xs) {
+                int ints[8], sum = 0;
+                _mm256_storeu_si256((__m256i *)ints,
+                                    _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+                for (int l = 0; l < 8; l++) sum += ints[l];
+                xs[r * nb + b] = dx[r * nb + b] * (float)sum;
+            }
         }
     }
 }
