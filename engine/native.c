@@ -213,6 +213,7 @@ void dl_attend(const void *q, int q_bf16, const float *kc, const float *vc, int6
         const float *kg = kc + (h / group) * L * D, *vg = vc + (h / group) * L * D;
         float *s = work + ih * (L + D), *qi = s + L;
         for (int64_t e = 0; e < D; e++) qi[e] = load_x(q, q_bf16, (h * T + i) * D + e);
+        const __m128 vscale = _mm_set1_ps(scale);
         __m256 vmax = _mm256_set1_ps(-INFINITY);
         for (int64_t j = 0; j < n; j += 4) {
             const float *k0 = kg + j * D, *k1 = kg + (j + 1 < n ? j + 1 : n - 1) * D,
@@ -237,16 +238,24 @@ void dl_attend(const void *q, int q_bf16, const float *kc, const float *vc, int6
                 a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + e), a2);
                 a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + e), a3);
             }
-            float dots[4];
-            _mm_storeu_ps(dots, hsum8x4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
-                                        _mm256_add_ps(a3, b3)));
-            for (int64_t r = D8; r < D; r++) {
-                dots[0] = dots[0] + qi[r] * k0[r];
-                dots[1] = dots[1] + qi[r] * k1[r];
-                dots[2] = dots[2] + qi[r] * k2[r];
-                dots[3] = dots[3] + qi[r] * k3[r];
+            __m128 dots = hsum8x4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
+                                  _mm256_add_ps(a3, b3));
+            if (D8 < D) { /* the last D % 8 products, one at a time */
+                float d4[4];
+                _mm_storeu_ps(d4, dots);
+                for (int64_t r = D8; r < D; r++) {
+                    d4[0] = d4[0] + qi[r] * k0[r];
+                    d4[1] = d4[1] + qi[r] * k1[r];
+                    d4[2] = d4[2] + qi[r] * k2[r];
+                    d4[3] = d4[3] + qi[r] * k3[r];
+                }
+                dots = _mm_loadu_ps(d4);
             }
-            for (int64_t c = 0; c < 4 && j + c < n; c++) s[j + c] = dots[c] * scale;
+            dots = _mm_mul_ps(dots, vscale);
+            if (j + 4 <= n)
+                _mm_storeu_ps(s + j, dots);
+            else /* s holds n scores: the lanes past the last key are not stored */
+                _mm_maskstore_ps(s + j, _mm_cmplt_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)(n - j))), dots);
         }
         int64_t j = 0;
         for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
