@@ -5,6 +5,9 @@ quant in turn (interleaved, so a noisy machine slows all alike) prefills the pro
 `--max-new` tokens greedily one at a time, and runs a verify forward of `--verify` rows. Prints
 ms/token, verify ms, each against int8's in the same run, and how many greedy tokens each quant
 shares with the dense bf16 weights before the first difference (weights change answers, not just speed).
+That count is fragile (one near-tie flips a whole answer), so each arm also decodes the reference
+arm's greedy tokens teacher-forced, one step at a time, and the report gives the mean KL divergence of
+its next-token distribution from the reference's and how often its top-1 token is the reference's.
 
 Prefill (forwards longer than INT8_MAX_ROWS take the dense weights whatever the quant): each prompt is
 also prefilled with those matmuls in bf16 and in float32 (engine.lean.dense_linear), interleaved, on
@@ -80,6 +83,8 @@ def run_bench_quant(args: argparse.Namespace) -> int:
     decode = {q: [] for q in lms}
     verify = {q: [] for q in lms}
     agree = {q: [] for q in lms}
+    kl = {q: [] for q in lms}  # per position: KL(reference || arm) of the next-token distribution
+    top1 = {q: [] for q in lms}  # per position: the arm's top-1 is the reference's
     prefill = {"bf16": [], "float32": []}
     prompt_tokens = []
     default_fp32 = lean.dense_in_float32()
@@ -115,13 +120,25 @@ def run_bench_quant(args: argparse.Namespace) -> int:
         for q in lms:
             same = next((i for i, (a, b) in enumerate(zip(outs[q], outs[ref])) if a != b), args.max_new)
             agree[q].append(same)
+        forced = {}
+        for q, lm in lms.items():  # the reference's greedy tokens, teacher-forced, one decode step each
+            lm.reset()
+            lm.forward(prompt, keep_logits=1)
+            forced[q] = torch.stack([lm.forward([t])[-1].float() for t in [prompt[-1], *outs[ref][:-1]]])
+        want = torch.log_softmax(forced[ref], -1)
+        for q in lms:
+            got = torch.log_softmax(forced[q], -1)
+            kl[q].extend((want.exp() * (want - got)).sum(-1).tolist())
+            top1[q].extend((forced[q].argmax(-1) == forced[ref].argmax(-1)).float().tolist())
     med = {q: statistics.median(v) for q, v in decode.items()}
     report = {"target": str(target), "prompts": len(decode["int8"]), "max_new": args.max_new,
               "threads": torch.get_num_threads(), "native": base.native, "greedy_reference": ref, "arms": {
                   q: {"decode_ms_per_token": round(med[q], 2), "vs_int8": round(med[q] / med["int8"], 2),
                       f"verify_{args.verify}_rows_ms": round(statistics.median(verify[q]), 2),
                       "verify_in_decode_steps": round(statistics.median(verify[q]) / med[q], 2),
-                      f"tokens_equal_to_{ref}_before_first_difference": round(statistics.mean(agree[q]), 1)}
+                      f"tokens_equal_to_{ref}_before_first_difference": round(statistics.mean(agree[q]), 1),
+                      f"teacher_forced_kl_from_{ref}": round(statistics.mean(kl[q]), 5),
+                      f"teacher_forced_top1_equal_to_{ref}": round(statistics.mean(top1[q]), 4)}
                   for q in lms},
               "prefill": {"prompt_tokens_mean": round(statistics.mean(prompt_tokens), 1),
                           "default": "float32" if default_fp32 else "bf16",
@@ -135,7 +152,9 @@ def run_bench_quant(args: argparse.Namespace) -> int:
             print(f"{q:10s} decode {r['decode_ms_per_token']:6.2f} ms/token ({r['vs_int8']:.2f}x int8)  "
                   f"verify {args.verify} rows {r[f'verify_{args.verify}_rows_ms']:6.2f} ms "
                   f"({r['verify_in_decode_steps']:.2f} decode steps)  "
-                  f"same greedy tokens as {ref}: {r[f'tokens_equal_to_{ref}_before_first_difference']}")
+                  f"same greedy tokens as {ref}: {r[f'tokens_equal_to_{ref}_before_first_difference']}  "
+                  f"teacher-forced: KL {r[f'teacher_forced_kl_from_{ref}']:.4f}, "
+                  f"top-1 {100 * r[f'teacher_forced_top1_equal_to_{ref}']:.1f} %")
         pf = report["prefill"]
         print(f"prefill of {pf['prompt_tokens_mean']:.0f} tokens (mean): dense matmuls in bf16 {pf['bf16_ms']} ms, in "
               f"float32 {pf['float32_ms']} ms ({pf['bf16_over_float32']:.2f}x); this CPU's default: {pf['default']}")

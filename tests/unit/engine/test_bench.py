@@ -35,6 +35,10 @@ def test_bench_quant_json(model_dirs, capsys):
     assert report["arms"]["int8"]["vs_int8"] == 1.0
     assert report["greedy_reference"] == "none"
     assert report["arms"]["none"]["tokens_equal_to_none_before_first_difference"] == 6
+    assert report["arms"]["none"]["teacher_forced_kl_from_none"] == 0.0  # the reference against itself
+    assert report["arms"]["none"]["teacher_forced_top1_equal_to_none"] == 1.0
+    for arm in report["arms"].values():
+        assert arm["teacher_forced_kl_from_none"] >= 0.0 and 0.0 <= arm["teacher_forced_top1_equal_to_none"] <= 1.0
     prefill = report["prefill"]
     assert prefill["bf16_ms"] > 0 and prefill["float32_ms"] > 0 and prefill["prompt_tokens_mean"] > 0
     import engine.lean as lean
