@@ -545,30 +545,41 @@ void dl_q4_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t
     q4_gemm(qs, d, m, N, K, xq, dx, xs, M, y, y_bf16, res);
 }
 
-/* All the layers of a short forward (decode, verify) of a Llama-style decoder with int8 weights and
- * no biases, in one call: per layer the same nine steps, with the same arguments, as LeanLM's
+/* One linear of dl_layers' table: (w, s1, s2, kind): kind 0 = int8 (w int8 (N, K), s1 float32 scales (N)),
+ * kind 1 = Q4_1 (w = qs (N, K/2), s1 = d, s2 = m (N, K/32) float32). */
+static void linear_any(void *const *p, const void *x, int bf16, int64_t M, int64_t K, int64_t N, void *y,
+                       const void *res, uint8_t *scratch) {
+    if ((intptr_t)p[3] == 1)
+        dl_q4_linear(x, bf16, M, K, (const uint8_t *)p[0], (const float *)p[1], (const float *)p[2], N, y, bf16, res,
+                     scratch);
+    else
+        dl_q8_linear(x, bf16, M, K, (const int8_t *)p[0], (const float *)p[1], N, y, bf16, res, scratch);
+}
+
+/* All the layers of a short forward (decode, verify) of a Llama-style decoder with int8 or Q4_1 weights
+ * and no biases, in one call: per layer the same nine steps, with the same arguments, as LeanLM's
  * _native_layers makes one call at a time (so the same bits), without a call's overhead each.
  * x (T, C) float32 or bfloat16 (bf16) is updated in place: the residual additions write into it.
- * ptrs: 12 per layer: ln1, w_qkv, s_qkv, w_o, s_o, ln2, w_gate_up, s_gate_up, w_down, s_down, k cache,
- * v cache (the caches (KVH, L, D) float32). cos, sin (T, D) for positions start..start+T-1 in x's
- * dtype. Scratch: h (T, C), qkv (T, (H + 2 KVH) D), att (T, H D), gu (T, 2F), act (T, F) in x's dtype;
- * q (H, T, D) float32; scratch: dl_q8_linear's, for the largest K; work: dl_attend's. */
+ * ptrs: 20 per layer: ln1, then 4 for each of the linears qkv, o (see linear_any), ln2, then gate_up
+ * and down, then the k and v caches ((KVH, L, D) float32). cos, sin (T, D) for positions
+ * start..start+T-1 in x's dtype. Scratch: h (T, C), qkv (T, (H + 2 KVH) D), att (T, H D), gu (T, 2F),
+ * act (T, F) in x's dtype; q (H, T, D) float32; scratch: the products', for the largest K; work: dl_attend's. */
 void dl_layers(void *x, int bf16, int64_t T, int64_t start, int64_t NL, int64_t C, int64_t H, int64_t KVH,
                int64_t D, int64_t F, int64_t L, float eps, float scale, void *const *ptrs, const void *cos,
                const void *sin, void *h, void *qkv, float *q, void *att, void *gu, void *act, uint8_t *scratch,
                float *work) {
     const int64_t nqkv = (H + 2 * KVH) * D;
     for (int64_t l = 0; l < NL; l++) {
-        void *const *p = ptrs + 12 * l;
-        float *kc = (float *)p[10], *vc = (float *)p[11];
+        void *const *p = ptrs + 20 * l;
+        float *kc = (float *)p[18], *vc = (float *)p[19];
         dl_rmsnorm(x, bf16, p[0], T, C, eps, h);
-        dl_q8_linear(h, bf16, T, C, (const int8_t *)p[1], (const float *)p[2], nqkv, qkv, bf16, NULL, scratch);
+        linear_any(p + 1, h, bf16, T, C, nqkv, qkv, NULL, scratch);
         dl_rope_store(qkv, bf16, cos, sin, T, H, KVH, D, q, kc, vc, L, start);
         dl_attend(q, 0, kc, vc, T, H, KVH, D, L, start, scale, att, bf16, work);
-        dl_q8_linear(att, bf16, T, H * D, (const int8_t *)p[3], (const float *)p[4], C, x, bf16, x, scratch);
-        dl_rmsnorm(x, bf16, p[5], T, C, eps, h);
-        dl_q8_linear(h, bf16, T, C, (const int8_t *)p[6], (const float *)p[7], 2 * F, gu, bf16, NULL, scratch);
+        linear_any(p + 5, att, bf16, T, H * D, C, x, x, scratch);
+        dl_rmsnorm(x, bf16, p[9], T, C, eps, h);
+        linear_any(p + 10, h, bf16, T, C, 2 * F, gu, NULL, scratch);
         dl_silu_mul(gu, bf16, T, F, act);
-        dl_q8_linear(act, bf16, T, F, (const int8_t *)p[8], (const float *)p[9], C, x, bf16, x, scratch);
+        linear_any(p + 14, act, bf16, T, F, C, x, x, scratch);
     }
 }

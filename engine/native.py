@@ -275,7 +275,7 @@ def q4_linear(x: torch.Tensor, qs: torch.Tensor, dm: torch.Tensor, residual: tor
 class Layers:
     """All the layers of a short forward in one native call (dl_layers): the nine steps a layer that
     LeanLM._native_layers makes one call at a time, with the same arguments and so the same bits,
-    without ~270 calls' overhead a token. For int8 weights (Linear with `sf`) without biases only.
+    without ~270 calls' overhead a token. For int8 (Linear with `sf`) or Q4_1 (`n4`) weights without biases.
 
     layers: LeanLM.layers' tuples (ln1, qkv, o, ln2, gate_up, down); caches: their (k, v) float32
     views (KVH, L, D), fixed for this object's life; the scratch is held here, for up to `rows` tokens.
@@ -289,12 +289,32 @@ class Layers:
         self.length = caches[0][0].shape[1]
         keep = []  # every tensor whose address is in the table
         table = []
+        def add(t: torch.Tensor) -> None:
+            if not t.is_contiguous():
+                raise ValueError("Layers: a weight or cache is not contiguous")
+            keep.append(t)
+            table.append(t.data_ptr())
+
+        def linear(lin) -> None:  # dl_layers' (w, s1, s2, kind): int8 (q, sf, -, 0) or Q4_1 (qs, d, m, 1)
+            if lin.n4:
+                add(lin.q)
+                add(lin.s[0])
+                add(lin.s[1])
+                table.append(1)
+            else:
+                add(lin.q)
+                add(lin.sf)
+                table.extend([0, 0])
+
         for (ln1, wqkv, wo, ln2, wgu, wdown), (k, v) in zip(layers, caches):
-            for t in (ln1, wqkv.q, wqkv.sf, wo.q, wo.sf, ln2, wgu.q, wgu.sf, wdown.q, wdown.sf, k, v):
-                if not t.is_contiguous():
-                    raise ValueError("Layers: a weight or cache is not contiguous")
-                keep.append(t)
-                table.append(t.data_ptr())
+            add(ln1)
+            linear(wqkv)
+            linear(wo)
+            add(ln2)
+            linear(wgu)
+            linear(wdown)
+            add(k)
+            add(v)
         self._keep = keep
         self._table = (ctypes.c_void_p * len(table))(*table)
         self.count = len(layers)
@@ -305,14 +325,14 @@ class Layers:
         self._att = torch.empty((rows, h * d), dtype=dtype)
         self._gu = torch.empty((rows, 2 * f), dtype=dtype)
         self._act = torch.empty((rows, f), dtype=dtype)
-        self._scratch = _scratch(rows, max(c, h * d, f))
+        self._scratch = _scratch(rows, max(c, h * d, f))  # the Q4_1 products' input sums fit in it too
         self._work = torch.empty((rows * h * (self.length + d),), dtype=torch.float32)
 
     @staticmethod
     def fits(layers, dtype: torch.dtype) -> bool:
         """Can these layers run in one call? int8 native weights, no biases, norms in the model's dtype."""
         return dtype in _DTYPES and all(
-            lin.sf is not None and lin.b is None and not lin.n4 for layer in layers for lin in (layer[1], layer[2], layer[4], layer[5])
+            (lin.sf is not None or lin.n4) and lin.b is None for layer in layers for lin in (layer[1], layer[2], layer[4], layer[5])
         ) and all(layer[0].dtype == dtype and layer[3].dtype == dtype for layer in layers)
 
     def __call__(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

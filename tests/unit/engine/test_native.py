@@ -218,11 +218,13 @@ def test_lean_verify_rows_are_decode_steps_with_the_kernels(quant):
 
 
 @needs
-def test_all_layers_in_one_call_give_the_per_step_calls_bits():
-    """native.Layers runs a short forward's layers in one call (int8 weights without biases): the
-    logits, and the keys and values it caches, must be those of the nine calls a layer, for a decode
-    step and for a verify of every length up to 9."""
-    lm = _tiny_lean(True, "int8")
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_all_layers_in_one_call_give_the_per_step_calls_bits(quant):
+    """native.Layers runs a short forward's layers in one call (int8 or Q4_1 weights without biases):
+    the logits, and the keys and values it caches, must be those of the nine calls a layer, for a
+    decode step and for a verify of every length up to 9."""
+    lm = _tiny_lean(True, quant)
+    assert lm.layers[0][1].n4 == (quant == "int4")
     assert native.Layers.fits(lm.layers, torch.bfloat16)
     prompt = [int(t) for t in torch.randint(0, 128, (30,))]
     follow = [int(t) for t in torch.randint(0, 128, (9,))]
@@ -242,8 +244,8 @@ def test_all_layers_in_one_call_give_the_per_step_calls_bits():
     for a, b in zip(outs[True][1], outs[False][1]):
         assert torch.equal(a, b)
     assert torch.equal(outs[True][2], outs[False][2])
-    lm4 = _tiny_lean(True, "int4")
-    assert not native.Layers.fits(lm4.layers, torch.bfloat16)  # Q4_1 blocks: one call per step
+    lm.layers[0][1].b = torch.zeros(lm.layers[0][1].w.shape[0], dtype=torch.bfloat16)
+    assert not native.Layers.fits(lm.layers, torch.bfloat16)  # a bias: one call per step
 
 
 @needs
