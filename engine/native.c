@@ -360,10 +360,10 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
     }
 }
 
-/* The integer lanes of a block's dot product: lane l (of 8) = the sum of the products of bytes
+/* The integer lanes of an int8 block's dot product: lane l (of 8) = the sum of the products of bytes
  * 4l..4l+3 of u (unsigned) and s (signed). AVX2 forms them in two steps (pairs into 16 bits, which
- * cannot saturate here: |products| <= 127 * 127 for int8, 15 * 127 for Q4_1), AVX512-VNNI in one
- * instruction; the integers, and so every result, are the same. */
+ * cannot saturate here: |products| <= 127 * 127), AVX512-VNNI in one instruction; the integers, and
+ * so every result, are the same. */
 #define LANES_AVX2(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
 #define LANES_VNNI(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
 
@@ -418,16 +418,6 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
         }                                                                                                  \
     }
 
-/* One row's step over a block of Q4_1 weights: acc += float(int dot(q, a)) * s, q in 0..15 (unsigned,
- * so it is the unsigned side as it is). Every row runs exactly this. */
-#define Q4_ROW(LANES, acc, w, a, s) acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(LANES(w, a)), s, acc)
-
-/* A Q4_1 block's 16 bytes as 32 unsigned bytes 0..15: inputs 0..15 from the low nibbles, 16..31 from the high. */
-static inline __m256i q4_block(const uint8_t *bytes) {
-    const __m128i raw = _mm_loadu_si128((const __m128i *)bytes), low4 = _mm_set1_epi8(0x0F);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), low4), _mm_and_si128(raw, low4));
-}
-
 /* m . xs over a row's blocks: 8 lanes in a fixed order, then the rest; a row's bits never depend on others. */
 static inline float dot_blocks(const float *m, const float *xs, int64_t nb) {
     __m256 acc = _mm256_setzero_ps();
@@ -438,64 +428,101 @@ static inline float dot_blocks(const float *m, const float *xs, int64_t nb) {
     return sum;
 }
 
+/* The Q4_1 products take their input in pairs of blocks, as the weights' bytes come: 32 bytes of qs
+ * hold blocks b and b+1, their low nibbles inputs 0..15 and their high nibbles inputs 16..31. So a
+ * row's int8 input is laid out per pair as [b: 0..15 | b+1: 0..15 | b: 16..31 | b+1: 16..31] (64
+ * bytes; a last odd block is paired with zeros), and its scales as [dx_b x4 | dx_b+1 x4]. One load,
+ * a shift and two ANDs then unpack two blocks for every row, and a row's step over a pair is two
+ * integer dots (lanes 0..3: block b, 4..7: block b+1), one conversion and one FMA.
+ * x1 (M, P*64), dxe (M, P*8), P = ceil(nb / 2), from xq (M, K) and dx (M, nb). */
+static void pair_q4_input(const int8_t *xq, const float *dx, int64_t M, int64_t K, int8_t *x1, float *dxe) {
+    const int64_t nb = K / QK, P = (nb + 1) / 2;
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t p = 0; p < P; p++) {
+            int8_t *o = x1 + (r * P + p) * 64;
+            float *e = dxe + (r * P + p) * 8;
+            const int8_t *b0 = xq + r * K + 2 * p * QK;
+            const int two = 2 * p + 1 < nb;
+            for (int j = 0; j < 16; j++) {
+                o[j] = b0[j];
+                o[32 + j] = b0[16 + j];
+                o[16 + j] = two ? b0[QK + j] : 0;
+                o[48 + j] = two ? b0[QK + 16 + j] : 0;
+            }
+            for (int j = 0; j < 4; j++) {
+                e[j] = dx[r * nb + 2 * p];
+                e[4 + j] = two ? dx[r * nb + 2 * p + 1] : 0.0f;
+            }
+        }
+}
+
+/* The integer lanes of a pair's dot: lo . x_lo + hi . x_hi (lane l: four products of each); AVX2 in two
+ * steps per half (pairs into 16 bits cannot saturate: 15 * 127 * 2), VNNI in one; the same integers. */
+#define PAIR_AVX2(lo, a, hi, b)                                                                            \
+    _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(lo, a), _mm256_set1_epi16(1)),                 \
+                     _mm256_madd_epi16(_mm256_maddubs_epi16(hi, b), _mm256_set1_epi16(1)))
+#define PAIR_VNNI(lo, a, hi, b) _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(_mm256_setzero_si256(), lo, a), hi, b)
+
+/* One row's step over a pair: acc += float(lanes) * (d pair * dx pair). Every row runs exactly this. */
+#define Q4_PAIR(PAIR, acc, lo, hi, xr, er, dd)                                                             \
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PAIR(lo, _mm256_loadu_si256((const __m256i *)(xr)), hi,      \
+                                                  _mm256_loadu_si256((const __m256i *)((xr) + 32)))),     \
+                          _mm256_mul_ps(dd, _mm256_loadu_ps(er)), acc)
+
 /* y (M, N) = x W^T for Q4_1 weights (llama.cpp's block: a scale d and a minimum m per 32 inputs,
- * the weight is d * q + m with q in 0..15) and x given as dl_quantize_q8's blocks, whose sums
- * xs (M, K/32: dx times the sum of the block's xq) carry the m term:
+ * the weight is d * q + m with q in 0..15) and x given as pair_q4_input's layout, with the block
+ * sums xs (M, K/32: dx times the sum of the block's xq) for the m term:
  *   y = sum over blocks of d * dx * (q . xq)  +  m . xs.
  * qs uint8 (N, K/2): byte j of a block holds input j (low nibble) and input j + 16 (high nibble);
- * d, m float32 (N, K/32). Each weight block is unpacked once for up to four rows. */
-#define DEFINE_Q4_GEMM(NAME, LANES)                                                                        \
+ * d, m float32 (N, K/32). Each pair of weight blocks is unpacked once for up to four rows. */
+#define DEFINE_Q4_GEMM(NAME, PAIR)                                                                         \
     static void NAME(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K,              \
-                     const int8_t *xq, const float *dx, const float *xs, int64_t M, void *y, int y_bf16,   \
+                     const int8_t *x1, const float *dxe, const float *xs, int64_t M, void *y, int y_bf16,  \
                      const void *res) {                                                                    \
-        const int64_t nb = K / QK;                                                                         \
+        const int64_t nb = K / QK, P = (nb + 1) / 2;                                                       \
+        const __m256i low4 = _mm256_set1_epi8(0x0F), idx = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);     \
         _Pragma("omp parallel for schedule(static)")                                                       \
         for (int64_t n = 0; n < N; n++) {                                                                  \
             const uint8_t *wn = qs + n * (K / 2);                                                          \
             const float *dn = d + n * nb, *mn = m + n * nb;                                                \
             int64_t r = 0;                                                                                 \
-            for (; r + 4 <= M; r += 4) {                                                                   \
-                const int8_t *x0 = xq + r * K;                                                             \
-                const float *e0 = dx + r * nb;                                                             \
+            for (; r < M; r += 4) {                                                                        \
+                const int64_t rows = M - r < 4 ? M - r : 4; /* 4, or the 1-3 rows left: each row alike */  \
+                const int8_t *x0 = x1 + r * P * 64;                                                        \
+                const float *e0 = dxe + r * P * 8;                                                         \
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
-                for (int64_t b = 0; b < nb; b++) {                                                         \
-                    const __m256i w = q4_block(wn + b * 16);                                               \
-                    const __m256 db = _mm256_set1_ps(dn[b]);                                               \
-                    Q4_ROW(LANES, a0, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)),               \
-                           _mm256_mul_ps(db, _mm256_set1_ps(e0[b])));                                      \
-                    Q4_ROW(LANES, a1, w, _mm256_loadu_si256((const __m256i *)(x0 + K + b * QK)),           \
-                           _mm256_mul_ps(db, _mm256_set1_ps(e0[nb + b])));                                 \
-                    Q4_ROW(LANES, a2, w, _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)),       \
-                           _mm256_mul_ps(db, _mm256_set1_ps(e0[2 * nb + b])));                             \
-                    Q4_ROW(LANES, a3, w, _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)),       \
-                           _mm256_mul_ps(db, _mm256_set1_ps(e0[3 * nb + b])));                             \
+                for (int64_t p = 0; p < P; p++) {                                                          \
+                    __m256i raw;                                                                           \
+                    __m256 dd;                                                                             \
+                    if (2 * p + 1 < nb) {                                                                  \
+                        raw = _mm256_loadu_si256((const __m256i *)(wn + p * 32));                          \
+                        dd = _mm256_permutevar8x32_ps(                                                     \
+                            _mm256_castps128_ps256(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i *)(dn + 2 * p)))), idx); \
+                    } else { /* a last odd block: its 16 bytes, the other half zeros (times zero inputs) */ \
+                        raw = _mm256_zextsi128_si256(_mm_loadu_si128((const __m128i *)(wn + p * 32)));     \
+                        dd = _mm256_setr_ps(dn[2 * p], dn[2 * p], dn[2 * p], dn[2 * p], 0, 0, 0, 0);       \
+                    }                                                                                      \
+                    const __m256i lo = _mm256_and_si256(raw, low4);                                        \
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low4);                  \
+                    Q4_PAIR(PAIR, a0, lo, hi, x0 + p * 64, e0 + p * 8, dd);                                \
+                    if (rows > 1) Q4_PAIR(PAIR, a1, lo, hi, x0 + (P + p) * 64, e0 + (P + p) * 8, dd);      \
+                    if (rows > 2) Q4_PAIR(PAIR, a2, lo, hi, x0 + (2 * P + p) * 64, e0 + (2 * P + p) * 8, dd); \
+                    if (rows > 3) Q4_PAIR(PAIR, a3, lo, hi, x0 + (3 * P + p) * 64, e0 + (3 * P + p) * 8, dd); \
                 }                                                                                          \
-                store_out(y, y_bf16, res, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));         \
-                store_out(y, y_bf16, res, (r + 1) * N + n, hsum8(a1) + dot_blocks(mn, xs + (r + 1) * nb, nb)); \
-                store_out(y, y_bf16, res, (r + 2) * N + n, hsum8(a2) + dot_blocks(mn, xs + (r + 2) * nb, nb)); \
-                store_out(y, y_bf16, res, (r + 3) * N + n, hsum8(a3) + dot_blocks(mn, xs + (r + 3) * nb, nb)); \
-            }                                                                                              \
-            for (; r < M; r++) { /* the rows left over, one at a time, through the same operations */      \
-                const int8_t *x0 = xq + r * K;                                                             \
-                const float *e0 = dx + r * nb;                                                             \
-                __m256 a0 = _mm256_setzero_ps();                                                           \
-                for (int64_t b = 0; b < nb; b++) {                                                         \
-                    const __m256i w = q4_block(wn + b * 16);                                               \
-                    const __m256 db = _mm256_set1_ps(dn[b]);                                               \
-                    Q4_ROW(LANES, a0, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)),               \
-                           _mm256_mul_ps(db, _mm256_set1_ps(e0[b])));                                      \
-                }                                                                                          \
-                store_out(y, y_bf16, res, r * N + n, hsum8(a0) + dot_blocks(mn, xs + r * nb, nb));         \
+                const __m256 acc[4] = {a0, a1, a2, a3};                                                    \
+                for (int64_t i = 0; i < rows; i++)                                                         \
+                    store_out(y, y_bf16, res, (r + i) * N + n,                                             \
+                              hsum8(acc[i]) + dot_blocks(mn, xs + (r + i) * nb, nb));                      \
             }                                                                                              \
         }                                                                                                  \
     }
 
 DEFINE_Q8_GEMM(q8_gemm_avx2, LANES_AVX2)
-DEFINE_Q4_GEMM(q4_gemm_avx2, LANES_AVX2)
+DEFINE_Q4_GEMM(q4_gemm_avx2, PAIR_AVX2)
 #if defined(__GNUC__) && !defined(DL_NO_VNNI)
 #define VNNI __attribute__((target("avx512f,avx512vl,avx512vnni")))
 VNNI DEFINE_Q8_GEMM(q8_gemm_vnni, LANES_VNNI)
-VNNI DEFINE_Q4_GEMM(q4_gemm_vnni, LANES_VNNI)
+VNNI DEFINE_Q4_GEMM(q4_gemm_vnni, PAIR_VNNI)
 static int vnni_ok(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
@@ -528,7 +555,7 @@ static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N
 }
 
 /* The entry points: y (M, N) = x W^T (+ res, (M, N) in y's dtype, where not NULL), x and y float32
- * or bfloat16 (the flags), x quantized into `scratch` (at least M*K + 8*M*(K/32) bytes) and multiplied. */
+ * or bfloat16 (the flags), x quantized into `scratch` (at least 2*M*K + 24*M*(K/32) + 64*M bytes) and multiplied. */
 void dl_q8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const int8_t *wq, const float *ws, int64_t N,
                   void *y, int y_bf16, const void *res, uint8_t *scratch) {
     int8_t *xq = (int8_t *)scratch;
@@ -539,10 +566,12 @@ void dl_q8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const int8_t 
 
 void dl_q4_linear(const void *x, int x_bf16, int64_t M, int64_t K, const uint8_t *qs, const float *d,
                   const float *m, int64_t N, void *y, int y_bf16, const void *res, uint8_t *scratch) {
-    int8_t *xq = (int8_t *)scratch;
-    float *dx = (float *)(scratch + M * K), *xs = dx + M * (K / QK);
+    const int64_t nb = K / QK, P = (nb + 1) / 2;
+    int8_t *xq = (int8_t *)scratch, *x1 = xq + M * K;
+    float *dx = (float *)(x1 + M * P * 64), *xs = dx + M * nb, *dxe = xs + M * nb;
     quantize_q8(x, x_bf16, M, K, xq, dx, xs);
-    q4_gemm(qs, d, m, N, K, xq, dx, xs, M, y, y_bf16, res);
+    pair_q4_input(xq, dx, M, K, x1, dxe);
+    q4_gemm(qs, d, m, N, K, x1, dxe, xs, M, y, y_bf16, res);
 }
 
 /* One linear of dl_layers' table: (w, s1, s2, kind): kind 0 = int8 (w int8 (N, K), s1 float32 scales (N)),

@@ -218,7 +218,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 def _scratch(m: int, k: int) -> torch.Tensor:
-    return torch.empty(m * k + 8 * m * (k // QK), dtype=torch.uint8)
+    # the int8 input and its scales, and for Q4_1 the same again in pairs of blocks (native.c: dl_q4_linear)
+    return torch.empty(2 * m * k + 24 * m * (k // QK) + 64 * m, dtype=torch.uint8)
 
 
 def q8_linear(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
