@@ -195,127 +195,177 @@ static inline __m128 hsum8x4(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
     return _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));
 }
 
+/* Scores j..j+3 of one query row qi against keys kg (rows of D floats), of its n keys: two accumulators a
+ * key (8-lane chunks 0, 2, 4.. and 1, 3, 5..), then the D % 8 rest one product at a time, times scale;
+ * past the row's last key the group is padded with repeats of it, and those lanes are not stored. */
+static inline void score4(const float *qi, const float *kg, int64_t j, int64_t n, int64_t D, int64_t D8,
+                          __m128 vscale, float *s) {
+    const float *k0 = kg + j * D, *k1 = kg + (j + 1 < n ? j + 1 : n - 1) * D,
+                *k2 = kg + (j + 2 < n ? j + 2 : n - 1) * D, *k3 = kg + (j + 3 < n ? j + 3 : n - 1) * D;
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    int64_t e = 0;
+    for (; e + 16 <= D8; e += 16) {
+        const __m256 qa = _mm256_loadu_ps(qi + e), qb = _mm256_loadu_ps(qi + e + 8);
+        a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + e), a0);
+        a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + e), a1);
+        a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + e), a2);
+        a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + e), a3);
+        b0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + e + 8), b0);
+        b1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k1 + e + 8), b1);
+        b2 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k2 + e + 8), b2);
+        b3 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k3 + e + 8), b3);
+    }
+    if (e < D8) {
+        const __m256 qa = _mm256_loadu_ps(qi + e);
+        a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + e), a0);
+        a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + e), a1);
+        a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + e), a2);
+        a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + e), a3);
+    }
+    __m128 dots = hsum8x4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2), _mm256_add_ps(a3, b3));
+    if (D8 < D) { /* the last D % 8 products, one at a time */
+        float d4[4];
+        _mm_storeu_ps(d4, dots);
+        for (int64_t r = D8; r < D; r++) {
+            d4[0] = d4[0] + qi[r] * k0[r];
+            d4[1] = d4[1] + qi[r] * k1[r];
+            d4[2] = d4[2] + qi[r] * k2[r];
+            d4[3] = d4[3] + qi[r] * k3[r];
+        }
+        dots = _mm_loadu_ps(d4);
+    }
+    dots = _mm_mul_ps(dots, vscale);
+    if (j + 4 <= n)
+        _mm_storeu_ps(s + j, dots);
+    else /* s holds n scores: the lanes past the last key are not stored */
+        _mm_maskstore_ps(s + j, _mm_cmplt_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)(n - j))), dots);
+}
+
+/* The scores s (n of them) replaced by e^(s - max), 8 lanes at a time (the last lanes masked); returns
+ * 1 / their sum. */
+static inline float softmax_row(float *s, int64_t n) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
+    float mx = -INFINITY, lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
+    for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 vsum = _mm256_setzero_ps();
+    for (j = 0; j < n; j += 8) {
+        if (j + 8 <= n) {
+            const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
+            _mm256_storeu_ps(s + j, p);
+            vsum = _mm256_add_ps(vsum, p);
+        } else { /* the last n - j scores: the other lanes are zeros, added as zeros */
+            float tail[8] = {0};
+            for (int64_t c = 0; c < n - j; c++) tail[c] = s[j + c] - mx;
+            const __m256 keep = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
+                                              _mm256_set1_ps((float)(n - j)), _CMP_LT_OQ);
+            const __m256 p = _mm256_and_ps(exp8(_mm256_loadu_ps(tail)), keep);
+            _mm256_storeu_ps(tail, p);
+            for (int64_t c = 0; c < n - j; c++) s[j + c] = tail[c];
+            vsum = _mm256_add_ps(vsum, p);
+        }
+    }
+    return 1.0f / hsum8(vsum);
+}
+
+#define ATT_ROWS 4  /* rows of one head attended together: they share each block of keys and values */
+#define ATT_KEYS 64 /* keys per block of values, while the rows' accumulators wait in memory */
+
 /* Causal attention of T new tokens after `start` cached ones, one query row at a time.
  * q (H, T, D), float32 or bfloat16 (q_bf16); the caches (KVH, L, D) float32 already hold the new
  * tokens' keys and values at start..start+T-1; row i attends to positions 0..start+i.
  * out (T, H, D), float32 or bfloat16 (out_bf16); work (T*H, L + D) float32 scratch.
  * H is a multiple of KVH (the heads of a group share a KV head); D is any size (8 lanes, then the rest).
  * Row i's operations depend only on its query and its n = start + i + 1 keys: scores four keys at a
- * time (two accumulators a key, the last group padded with repeats of the last key), softmax with
- * exp8 over 8 lanes (the last lanes masked), values eight 8-lane accumulators at a time. */
+ * time (score4), softmax with exp8 over 8 lanes (softmax_row), values eight 8-lane accumulators at a
+ * time, each summed over the keys in order. Up to ATT_ROWS rows of a head are one work item: they go
+ * through the keys together, each block of keys and values read once for all of them (a row's
+ * accumulators wait in its scratch between blocks: stored and loaded, the same values), so the
+ * order of every row's operations is the one a row alone gets. */
 void dl_attend(const void *q, int q_bf16, const float *kc, const float *vc, int64_t T, int64_t H, int64_t KVH,
                int64_t D, int64_t L, int64_t start, float scale, void *out, int out_bf16, float *work) {
-    const int64_t group = H / KVH, D8 = D - D % 8;
+    const int64_t group = H / KVH, D8 = D - D % 8, G = (T + ATT_ROWS - 1) / ATT_ROWS;
+    const __m128 vscale = _mm_set1_ps(scale);
 #pragma omp parallel for schedule(static)
-    for (int64_t ih = 0; ih < T * H; ih++) {
-        const int64_t i = ih / H, h = ih % H;
-        const int64_t n = start + i + 1;
+    for (int64_t item = 0; item < G * H; item++) {
+        const int64_t g = item / H, h = item % H;
+        const int64_t i0 = g * ATT_ROWS, i1 = i0 + ATT_ROWS < T ? i0 + ATT_ROWS : T;
+        const int64_t last = start + i1; /* the last row's key count */
         const float *kg = kc + (h / group) * L * D, *vg = vc + (h / group) * L * D;
-        float *s = work + ih * (L + D), *qi = s + L;
-        for (int64_t e = 0; e < D; e++) qi[e] = load_x(q, q_bf16, (h * T + i) * D + e);
-        const __m128 vscale = _mm_set1_ps(scale);
-        __m256 vmax = _mm256_set1_ps(-INFINITY);
-        for (int64_t j = 0; j < n; j += 4) {
-            const float *k0 = kg + j * D, *k1 = kg + (j + 1 < n ? j + 1 : n - 1) * D,
-                        *k2 = kg + (j + 2 < n ? j + 2 : n - 1) * D, *k3 = kg + (j + 3 < n ? j + 3 : n - 1) * D;
-            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-            int64_t e = 0;
-            for (; e + 16 <= D8; e += 16) {
-                const __m256 qa = _mm256_loadu_ps(qi + e), qb = _mm256_loadu_ps(qi + e + 8);
-                a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + e), a0);
-                a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + e), a1);
-                a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + e), a2);
-                a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + e), a3);
-                b0 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k0 + e + 8), b0);
-                b1 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k1 + e + 8), b1);
-                b2 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k2 + e + 8), b2);
-                b3 = _mm256_fmadd_ps(qb, _mm256_loadu_ps(k3 + e + 8), b3);
-            }
-            if (e < D8) {
-                const __m256 qa = _mm256_loadu_ps(qi + e);
-                a0 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k0 + e), a0);
-                a1 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k1 + e), a1);
-                a2 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k2 + e), a2);
-                a3 = _mm256_fmadd_ps(qa, _mm256_loadu_ps(k3 + e), a3);
-            }
-            __m128 dots = hsum8x4(_mm256_add_ps(a0, b0), _mm256_add_ps(a1, b1), _mm256_add_ps(a2, b2),
-                                  _mm256_add_ps(a3, b3));
-            if (D8 < D) { /* the last D % 8 products, one at a time */
-                float d4[4];
-                _mm_storeu_ps(d4, dots);
-                for (int64_t r = D8; r < D; r++) {
-                    d4[0] = d4[0] + qi[r] * k0[r];
-                    d4[1] = d4[1] + qi[r] * k1[r];
-                    d4[2] = d4[2] + qi[r] * k2[r];
-                    d4[3] = d4[3] + qi[r] * k3[r];
-                }
-                dots = _mm_loadu_ps(d4);
-            }
-            dots = _mm_mul_ps(dots, vscale);
-            if (j + 4 <= n)
-                _mm_storeu_ps(s + j, dots);
-            else /* s holds n scores: the lanes past the last key are not stored */
-                _mm_maskstore_ps(s + j, _mm_cmplt_epi32(_mm_setr_epi32(0, 1, 2, 3), _mm_set1_epi32((int)(n - j))), dots);
+        float inv[ATT_ROWS];
+        for (int64_t i = i0; i < i1; i++) {
+            float *qi = work + (i * H + h) * (L + D) + L;
+            for (int64_t e = 0; e < D; e++) qi[e] = load_x(q, q_bf16, (h * T + i) * D + e);
         }
-        int64_t j = 0;
-        for (; j + 8 <= n; j += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(s + j));
-        float mx = -INFINITY, lanes[8];
-        _mm256_storeu_ps(lanes, vmax);
-        for (int l = 0; l < 8; l++) mx = lanes[l] > mx ? lanes[l] : mx;
-        for (; j < n; j++) mx = s[j] > mx ? s[j] : mx;
-        const __m256 vmx = _mm256_set1_ps(mx);
-        __m256 vsum = _mm256_setzero_ps();
-        for (j = 0; j < n; j += 8) {
-            if (j + 8 <= n) {
-                const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmx));
-                _mm256_storeu_ps(s + j, p);
-                vsum = _mm256_add_ps(vsum, p);
-            } else { /* the last n - j scores: the other lanes are zeros, added as zeros */
-                float tail[8] = {0};
-                for (int64_t c = 0; c < n - j; c++) tail[c] = s[j + c] - mx;
-                const __m256 keep = _mm256_cmp_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7),
-                                                  _mm256_set1_ps((float)(n - j)), _CMP_LT_OQ);
-                const __m256 p = _mm256_and_ps(exp8(_mm256_loadu_ps(tail)), keep);
-                _mm256_storeu_ps(tail, p);
-                for (int64_t c = 0; c < n - j; c++) s[j + c] = tail[c];
-                vsum = _mm256_add_ps(vsum, p);
+        for (int64_t j = 0; j < last; j += 4)
+            for (int64_t i = i0; i < i1; i++) {
+                const int64_t n = start + i + 1;
+                float *s = work + (i * H + h) * (L + D);
+                if (j < n) score4(s + L, kg, j, n, D, D8, vscale, s);
             }
-        }
-        const float inv = 1.0f / hsum8(vsum);
-        const __m256 vinv = _mm256_set1_ps(inv);
-        const int64_t o = (i * H + h) * D;
+        for (int64_t i = i0; i < i1; i++) inv[i - i0] = softmax_row(work + (i * H + h) * (L + D), start + i + 1);
+        float lanes[8];
         int64_t e = 0;
         for (; e + 64 <= D8; e += 64) {
-            __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
-            for (int64_t jj = 0; jj < n; jj++) {
-                const __m256 p = _mm256_broadcast_ss(s + jj);
-                const float *v = vg + jj * D + e;
-                c0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), c0);
-                c1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), c1);
-                c2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), c2);
-                c3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), c3);
-                c4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), c4);
-                c5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), c5);
-                c6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), c6);
-                c7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), c7);
-            }
-            const __m256 cs[8] = {c0, c1, c2, c3, c4, c5, c6, c7};
-            for (int c = 0; c < 8; c++) {
-                _mm256_storeu_ps(lanes, _mm256_mul_ps(cs[c], vinv));
-                for (int l = 0; l < 8; l++) store_y(out, out_bf16, o + e + 8 * c + l, lanes[l]);
+            for (int64_t jb = 0; jb < last; jb += ATT_KEYS)
+                for (int64_t i = i0; i < i1; i++) {
+                    const int64_t n = start + i + 1, stop = jb + ATT_KEYS < n ? jb + ATT_KEYS : n;
+                    if (jb >= n) continue;
+                    const float *s = work + (i * H + h) * (L + D);
+                    float *acc = work + (i * H + h) * (L + D) + L; /* the query's place, free again */
+                    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0, c7 = c0;
+                    if (jb > 0) {
+                        c0 = _mm256_loadu_ps(acc), c1 = _mm256_loadu_ps(acc + 8), c2 = _mm256_loadu_ps(acc + 16);
+                        c3 = _mm256_loadu_ps(acc + 24), c4 = _mm256_loadu_ps(acc + 32), c5 = _mm256_loadu_ps(acc + 40);
+                        c6 = _mm256_loadu_ps(acc + 48), c7 = _mm256_loadu_ps(acc + 56);
+                    }
+                    for (int64_t jj = jb; jj < stop; jj++) {
+                        const __m256 p = _mm256_broadcast_ss(s + jj);
+                        const float *v = vg + jj * D + e;
+                        c0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), c0);
+                        c1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), c1);
+                        c2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), c2);
+                        c3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), c3);
+                        c4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), c4);
+                        c5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), c5);
+                        c6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), c6);
+                        c7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), c7);
+                    }
+                    _mm256_storeu_ps(acc, c0), _mm256_storeu_ps(acc + 8, c1), _mm256_storeu_ps(acc + 16, c2);
+                    _mm256_storeu_ps(acc + 24, c3), _mm256_storeu_ps(acc + 32, c4), _mm256_storeu_ps(acc + 40, c5);
+                    _mm256_storeu_ps(acc + 48, c6), _mm256_storeu_ps(acc + 56, c7);
+                }
+            for (int64_t i = i0; i < i1; i++) {
+                const float *acc = work + (i * H + h) * (L + D) + L;
+                const __m256 vinv = _mm256_set1_ps(inv[i - i0]);
+                const int64_t o = (i * H + h) * D;
+                for (int c = 0; c < 8; c++) {
+                    _mm256_storeu_ps(lanes, _mm256_mul_ps(_mm256_loadu_ps(acc + 8 * c), vinv));
+                    for (int l = 0; l < 8; l++) store_y(out, out_bf16, o + e + 8 * c + l, lanes[l]);
+                }
             }
         }
-        for (; e < D8; e += 8) {
-            __m256 c0 = _mm256_setzero_ps();
-            for (int64_t jj = 0; jj < n; jj++)
-                c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + jj), _mm256_loadu_ps(vg + jj * D + e), c0);
-            _mm256_storeu_ps(lanes, _mm256_mul_ps(c0, vinv));
-            for (int l = 0; l < 8; l++) store_y(out, out_bf16, o + e + l, lanes[l]);
-        }
-        for (; e < D; e++) {
-            float acc = 0.0f;
-            for (int64_t jj = 0; jj < n; jj++) acc = acc + s[jj] * vg[jj * D + e];
-            store_y(out, out_bf16, o + e, acc * inv);
+        for (int64_t i = i0; i < i1; i++) { /* the rest of D (head sizes not a multiple of 64), row by row */
+            const int64_t n = start + i + 1, o = (i * H + h) * D;
+            const float *s = work + (i * H + h) * (L + D);
+            const __m256 vinv = _mm256_set1_ps(inv[i - i0]);
+            int64_t f = e;
+            for (; f < D8; f += 8) {
+                __m256 c0 = _mm256_setzero_ps();
+                for (int64_t jj = 0; jj < n; jj++)
+                    c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(s + jj), _mm256_loadu_ps(vg + jj * D + f), c0);
+                _mm256_storeu_ps(lanes, _mm256_mul_ps(c0, vinv));
+                for (int l = 0; l < 8; l++) store_y(out, out_bf16, o + f + l, lanes[l]);
+            }
+            for (; f < D; f++) {
+                float acc = 0.0f;
+                for (int64_t jj = 0; jj < n; jj++) acc = acc + s[jj] * vg[jj * D + f];
+                store_y(out, out_bf16, o + f, acc * inv[i - i0]);
+            }
         }
     }
 }
