@@ -15,8 +15,8 @@ which stays int8.
 
 Where engine/native.c can be built (an x86-64 CPU with AVX2 and FMA, and a C compiler), those short
 forwards run there instead of in torch ops (`native`: norms, products, RoPE, attention, SwiGLU,
-residuals; nine calls a layer): the same row-for-row exactness, at a fraction of the cost (see
-engine/native.py). quant="int8" is then the faster recipe.
+residuals; all the layers in one call where the weights allow): the same row-for-row exactness, at a
+fraction of the cost (see engine/native.py). quant="int8" is then the faster recipe.
 """
 
 from __future__ import annotations
@@ -469,7 +469,7 @@ class LeanLM:
         if self.fuse_layers:
             if self._fused is None or (self._fused and self._fused.dtype != x.dtype):
                 self._fused = nk.Layers(self.layers, self._kv_views, self.n_heads, self.n_kv, self.head_dim, self.ffn,
-                                        self.eps, self.scale, INT8_MAX_ROWS, x.dtype) \
+                                        self.eps, self.scale, INT8_MAX_ROWS, x.dtype, self._work) \
                     if nk.Layers.fits(self.layers, x.dtype) else False
             if self._fused:
                 return self._fused(x, start, cos, sin)

@@ -423,7 +423,7 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(LANES(wabs, _mm256_sign_epi8(a, w))), s, acc)
 
 /* y (M, N) = x W^T for int8 weights wq (N, K) with one float32 scale per output ws (N), and x given
- * as dl_quantize_q8's blocks. Each weight block is read once for up to four rows. */
+ * as quantize_q8's blocks. Each weight block is read once for up to four rows. */
 #define DEFINE_Q8_GEMM(NAME, LANES)                                                                        \
     static void NAME(const int8_t *wq, const float *ws, int64_t N, int64_t K, const int8_t *xq,            \
                      const float *dx, int64_t M, void *y, int y_bf16, const void *res) {                  \
@@ -431,8 +431,8 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
         _Pragma("omp parallel for schedule(static)")                                                       \
         for (int64_t n = 0; n < N; n++) {                                                                  \
             const int8_t *wn = wq + n * K;                                                                 \
-            int64_t r = 0;                                                                                 \
-            for (; r + 4 <= M; r += 4) {                                                                   \
+            for (int64_t r = 0; r < M; r += 4) {                                                           \
+                const int64_t rows = M - r < 4 ? M - r : 4; /* 4, or the 1-3 rows left: each row alike */  \
                 const int8_t *x0 = xq + r * K;                                                             \
                 const float *e0 = dx + r * nb;                                                             \
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
@@ -441,29 +441,21 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
                     const __m256i wabs = _mm256_sign_epi8(w, w);                                           \
                     Q8_ROW(LANES, a0, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)),         \
                            _mm256_set1_ps(e0[b]));                                                         \
-                    Q8_ROW(LANES, a1, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + K + b * QK)),     \
-                           _mm256_set1_ps(e0[nb + b]));                                                    \
-                    Q8_ROW(LANES, a2, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)), \
-                           _mm256_set1_ps(e0[2 * nb + b]));                                                \
-                    Q8_ROW(LANES, a3, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)), \
-                           _mm256_set1_ps(e0[3 * nb + b]));                                                \
+                    if (rows > 1)                                                                          \
+                        Q8_ROW(LANES, a1, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + K + b * QK)), \
+                               _mm256_set1_ps(e0[nb + b]));                                                \
+                    if (rows > 2)                                                                          \
+                        Q8_ROW(LANES, a2, wabs, w,                                                         \
+                               _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)),                 \
+                               _mm256_set1_ps(e0[2 * nb + b]));                                            \
+                    if (rows > 3)                                                                          \
+                        Q8_ROW(LANES, a3, wabs, w,                                                         \
+                               _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)),                 \
+                               _mm256_set1_ps(e0[3 * nb + b]));                                            \
                 }                                                                                          \
-                store_out(y, y_bf16, res, r * N + n, hsum8(a0) * ws[n]);                                   \
-                store_out(y, y_bf16, res, (r + 1) * N + n, hsum8(a1) * ws[n]);                             \
-                store_out(y, y_bf16, res, (r + 2) * N + n, hsum8(a2) * ws[n]);                             \
-                store_out(y, y_bf16, res, (r + 3) * N + n, hsum8(a3) * ws[n]);                             \
-            }                                                                                              \
-            for (; r < M; r++) { /* the rows left over, one at a time, through the same operations */      \
-                const int8_t *x0 = xq + r * K;                                                             \
-                const float *e0 = dx + r * nb;                                                             \
-                __m256 a0 = _mm256_setzero_ps();                                                           \
-                for (int64_t b = 0; b < nb; b++) {                                                         \
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(wn + b * QK));                  \
-                    const __m256i wabs = _mm256_sign_epi8(w, w);                                           \
-                    Q8_ROW(LANES, a0, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)),         \
-                           _mm256_set1_ps(e0[b]));                                                         \
-                }                                                                                          \
-                store_out(y, y_bf16, res, r * N + n, hsum8(a0) * ws[n]);                                   \
+                const __m256 acc[4] = {a0, a1, a2, a3};                                                    \
+                for (int64_t i = 0; i < rows; i++)                                                         \
+                    store_out(y, y_bf16, res, (r + i) * N + n, hsum8(acc[i]) * ws[n]);                     \
             }                                                                                              \
         }                                                                                                  \
     }

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared"]
-QK = 32  # inputs per block: of the activations (dl_quantize_q8) and of the Q4_1 weights
+QK = 32  # inputs per block: of the activations (native.c: quantize_q8) and of the Q4_1 weights
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -262,7 +262,7 @@ def q4_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Q4_1 blocks of w (N, K), K a multiple of 32: per 32 inputs, d = (max - min) / 15, m = min and
     q = round((w - min) / d) in 0..15 (llama.cpp's Q4_1 grid; d and m kept in float32, which the
     kernel reads faster than float16 here). Returns (qs uint8 (N, K/2), dm float32 (2, N, K/32)),
-    dl_q4_gemm's layout."""
+    native.c's q4_gemm layout."""
     n, k = w.shape
     if k % QK:
         raise ValueError(f"q4_pack: K = {k} is not a multiple of {QK}")
@@ -298,11 +298,12 @@ class Layers:
     without ~270 calls' overhead a token. For int8 (Linear with `sf`) or Q4_1 (`n4`) weights without biases.
 
     layers: LeanLM.layers' tuples (ln1, qkv, o, ln2, gate_up, down); caches: their (k, v) float32
-    views (KVH, L, D), fixed for this object's life; the scratch is held here, for up to `rows` tokens.
+    views (KVH, L, D), fixed for this object's life; work: the attention's scratch (attend's, for
+    `rows` tokens: LeanLM._work); the other scratch is held here, for up to `rows` tokens.
     """
 
     def __init__(self, layers, caches, heads: int, kv_heads: int, head_dim: int, ffn: int, eps: float,
-                 scale: float, rows: int, dtype: torch.dtype):
+                 scale: float, rows: int, dtype: torch.dtype, work: torch.Tensor):
         self.heads, self.kv_heads, self.head_dim, self.ffn = heads, kv_heads, head_dim, ffn
         self.eps, self.scale, self.rows, self.dtype = eps, scale, rows, dtype
         self.hidden = layers[0][0].shape[0]
@@ -346,11 +347,13 @@ class Layers:
         self._gu = torch.empty((rows, 2 * f), dtype=dtype)
         self._act = torch.empty((rows, f), dtype=dtype)
         self._scratch = _scratch(rows, max(c, h * d, f))  # the Q4_1 products' input sums fit in it too
-        self._work = torch.empty((rows * h * (self.length + d),), dtype=torch.float32)
+        if work.dtype != torch.float32 or not work.is_contiguous() or work.numel() < rows * h * (self.length + d):
+            raise ValueError("Layers: the attention scratch is too small")
+        self._work = work
 
     @staticmethod
     def fits(layers, dtype: torch.dtype) -> bool:
-        """Can these layers run in one call? int8 native weights, no biases, norms in the model's dtype."""
+        """Can these layers run in one call? Native int8 or Q4_1 weights, no biases, norms in the model's dtype."""
         return dtype in _DTYPES and all(
             (lin.sf is not None or lin.n4) and lin.b is None for layer in layers for lin in (layer[1], layer[2], layer[4], layer[5])
         ) and all(layer[0].dtype == dtype and layer[3].dtype == dtype for layer in layers)
