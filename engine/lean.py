@@ -96,7 +96,8 @@ class Linear:
 
     With `native` (engine/native.c loaded), the int8 and int4 products run there instead: the input
     is quantized to int8 per block of 32 and multiplied in integers, reading each weight block once
-    for up to four rows. int8 keeps its weights and adds a float32 copy of the scales (`sf`); int4
+    for up to four rows. int8 keeps its weights in tiles of four rows (`native.q8_tile`: `q` is then
+    (N rounded up to 4, K)) and adds a float32 copy of the scales (`sf`); int4
     keeps llama.cpp's Q4_1 blocks (`q` nibbles, `s` float32 scales and minima per 32 inputs, `n4`).
     """
 
@@ -125,6 +126,8 @@ class Linear:
             self.s = scale.to(w.dtype)
         if native and quant == "int8" and w.shape[1] % native_kernels.QK == 0:
             self.sf = self.s.float().contiguous()
+            if packed is None or self.q.shape[0] != -(-w.shape[0] // native_kernels.Q8_NW) * native_kernels.Q8_NW:
+                self.q = native_kernels.q8_tile(self.q)  # the cache (quant_cache_key) keeps the tiles
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """x W^T (+ b) (+ residual: the native kernels add it as they write the result)."""
@@ -148,8 +151,8 @@ class Linear:
 
 def quant_cache_key(quant: str, native: bool) -> str:
     """The name under which `quant`'s copies of the linears are kept (Weights.cache_file): the native
-    int4 blocks and torch's int4 layout go to separate files."""
-    return f"{quant}-native" if native and quant == "int4" else quant
+    kernels' layouts (int4 blocks, int8 tiles) and torch's go to separate files."""
+    return f"{quant}-native" if native else quant
 
 
 def int4_fits(w: torch.Tensor) -> bool:

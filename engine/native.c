@@ -410,52 +410,85 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
     }
 }
 
-/* The integer lanes of an int8 block's dot product: lane l (of 8) = the sum of the products of bytes
- * 4l..4l+3 of u (unsigned) and s (signed). AVX2 forms them in two steps (pairs into 16 bits, which
- * cannot saturate here: |products| <= 127 * 127), AVX512-VNNI in one instruction; the integers, and
- * so every result, are the same. */
-#define LANES_AVX2(u, s) _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1))
-#define LANES_VNNI(u, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s)
+/* The integer lanes of an int8 block's dot product of weights w and an input row: lane l (of 8) =
+ * the sum of the products of bytes 4l..4l+3. Two ways to the same integers (so the same results):
+ * - AVX2: |w| (unsigned) against the input carrying w's signs (Q8_PREP_AVX2 makes |w| once per weight
+ *   block, the step signs each row's input), in two steps (pairs into 16 bits, which cannot saturate
+ *   here: |products| <= 127 * 127);
+ * - AVX512-VNNI: the input offset to unsigned (xu = xq + 128, made once per call) against w, in one
+ *   instruction that starts from -128 * (the lane's sum of w), made once per weight block
+ *   (Q8_PREP_VNNI): (xq + 128) . w - 128 . w = xq . w, exact in 32 bits; no per-row sign step. */
+#define Q8_PREP_AVX2(w) _mm256_sign_epi8(w, w)
+#define Q8_LANES_AVX2(aux, w, a) _mm256_madd_epi16(_mm256_maddubs_epi16(aux, _mm256_sign_epi8(a, w)), _mm256_set1_epi16(1))
+#define Q8_PREP_VNNI(w) \
+    _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8((char)0x80), w))
+#define Q8_LANES_VNNI(aux, w, a) _mm256_dpbusd_epi32(aux, a, w)
 
-/* One row's step over an int8 block: acc += float(dot of w and a) * s, with |w| as the unsigned side
- * and a carrying w's signs. Every row of every call runs exactly this. */
-#define Q8_ROW(LANES, acc, wabs, w, a, s) \
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(LANES(wabs, _mm256_sign_epi8(a, w))), s, acc)
+/* One row's step over an int8 block: acc += float(dot of w and a) * s. Every row of every call runs
+ * exactly this. */
+#define Q8_ROW(LANES, acc, aux, w, a, s) acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(LANES(aux, w, a)), s, acc)
 
-/* y (M, N) = x W^T for int8 weights wq (N, K) with one float32 scale per output ws (N), and x given
- * as quantize_q8's blocks. Each weight block is read once for up to four rows. */
-#define DEFINE_Q8_GEMM(NAME, LANES)                                                                        \
+/* int8 weights are kept in tiles of Q8_NW rows, block by block: tile t holds, for each block b in order,
+ * the 32 bytes of rows 4t, 4t+1, 4t+2, 4t+3 (a last partial tile is padded with zero rows). A tile's
+ * bytes are then read in order, one stream, as a product needs them (rows read side by side from the
+ * plain (N, K) layout made four streams, and the output head, read from memory, ran at a third of the
+ * speed). engine/native.py's q8_tile makes this layout. */
+#define Q8_NW 4
+
+/* Rows r..r+R-1 of x against weight rows n0+J0..n0+J0+NJ-1 of a tile (R, J0, NJ constants, so the
+ * accumulators stay in registers): NJ * R independent FMA chains, so that one chain's latency (an FMA
+ * waits for the previous block's) does not hold the others up. Each output still runs Q8_ROW over its
+ * blocks in order, exactly as alone, whatever the tile. Padding rows are not stored. */
+#define Q8_TILE(PREP, LANES, J0, NJ, R)                                                                          \
+    do {                                                                                                   \
+        __m256 acc[NJ][R];                                                                                 \
+        _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++)                                               \
+        _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) acc[j][i] = _mm256_setzero_ps();               \
+        for (int64_t b = 0; b < nb; b++) {                                                                 \
+            __m256i w[NJ], aux[NJ];                                                                        \
+            _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) {                                         \
+                w[j] = _mm256_loadu_si256((const __m256i *)(wt + (b * Q8_NW + J0 + j) * QK));              \
+                aux[j] = PREP(w[j]);                                                                       \
+            }                                                                                              \
+            _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                          \
+                const __m256i a = _mm256_loadu_si256((const __m256i *)(x0 + i * K + b * QK));              \
+                const __m256 s = _mm256_set1_ps(e0[i * nb + b]);                                           \
+                _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) Q8_ROW(LANES, acc[j][i], aux[j], w[j], a, s); \
+            }                                                                                              \
+        }                                                                                                  \
+        _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++)                                               \
+            if (n0 + J0 + j < N)                                                                           \
+                _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                        \
+                    store_out(y, y_bf16, res, (r + i) * N + n0 + J0 + j, hsum8(acc[j][i]) * ws[n0 + J0 + j]); \
+    } while (0)
+
+/* y (M, N) = x W^T for int8 weights wq (Q8_NW-row tiles, above) with one float32 scale per output ws
+ * (N), and x given as quantize_q8's blocks. A tile of weights against up to four rows of x at a time:
+ * each weight block is read once for them. WIDE: all four weight rows in one pass (VNNI builds have
+ * 32 vector registers); else two passes of two rows for three or four rows of x (AVX2 has 16). */
+#define DEFINE_Q8_GEMM(NAME, PREP, LANES, WIDE)                                                                  \
     static void NAME(const int8_t *wq, const float *ws, int64_t N, int64_t K, const int8_t *xq,            \
                      const float *dx, int64_t M, void *y, int y_bf16, const void *res) {                  \
-        const int64_t nb = K / QK;                                                                         \
+        const int64_t nb = K / QK, tiles = (N + Q8_NW - 1) / Q8_NW;                                        \
         _Pragma("omp parallel for schedule(static)")                                                       \
-        for (int64_t n = 0; n < N; n++) {                                                                  \
-            const int8_t *wn = wq + n * K;                                                                 \
+        for (int64_t t = 0; t < tiles; t++) {                                                              \
+            const int64_t n0 = t * Q8_NW;                                                                  \
+            const int8_t *wt = wq + n0 * K;                                                                \
             for (int64_t r = 0; r < M; r += 4) {                                                           \
-                const int64_t rows = M - r < 4 ? M - r : 4; /* 4, or the 1-3 rows left: each row alike */  \
                 const int8_t *x0 = xq + r * K;                                                             \
                 const float *e0 = dx + r * nb;                                                             \
-                __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                                \
-                for (int64_t b = 0; b < nb; b++) {                                                         \
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(wn + b * QK));                  \
-                    const __m256i wabs = _mm256_sign_epi8(w, w);                                           \
-                    Q8_ROW(LANES, a0, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + b * QK)),         \
-                           _mm256_set1_ps(e0[b]));                                                         \
-                    if (rows > 1)                                                                          \
-                        Q8_ROW(LANES, a1, wabs, w, _mm256_loadu_si256((const __m256i *)(x0 + K + b * QK)), \
-                               _mm256_set1_ps(e0[nb + b]));                                                \
-                    if (rows > 2)                                                                          \
-                        Q8_ROW(LANES, a2, wabs, w,                                                         \
-                               _mm256_loadu_si256((const __m256i *)(x0 + 2 * K + b * QK)),                 \
-                               _mm256_set1_ps(e0[2 * nb + b]));                                            \
-                    if (rows > 3)                                                                          \
-                        Q8_ROW(LANES, a3, wabs, w,                                                         \
-                               _mm256_loadu_si256((const __m256i *)(x0 + 3 * K + b * QK)),                 \
-                               _mm256_set1_ps(e0[3 * nb + b]));                                            \
+                switch (M - r < 4 ? M - r : 4) { /* 4, or the 1-3 rows left */                             \
+                case 1: Q8_TILE(PREP, LANES, 0, 4, 1); break;                                                    \
+                case 2: Q8_TILE(PREP, LANES, 0, 4, 2); break;                                                    \
+                case 3:                                                                                    \
+                    if (WIDE) Q8_TILE(PREP, LANES, 0, 4, 3);                                                     \
+                    else { Q8_TILE(PREP, LANES, 0, 2, 3); Q8_TILE(PREP, LANES, 2, 2, 3); }                             \
+                    break;                                                                                 \
+                default:                                                                                   \
+                    if (WIDE) Q8_TILE(PREP, LANES, 0, 4, 4);                                                     \
+                    else { Q8_TILE(PREP, LANES, 0, 2, 4); Q8_TILE(PREP, LANES, 2, 2, 4); }                             \
+                    break;                                                                                 \
                 }                                                                                          \
-                const __m256 acc[4] = {a0, a1, a2, a3};                                                    \
-                for (int64_t i = 0; i < rows; i++)                                                         \
-                    store_out(y, y_bf16, res, (r + i) * N + n, hsum8(acc[i]) * ws[n]);                     \
             }                                                                                              \
         }                                                                                                  \
     }
@@ -559,11 +592,11 @@ static void pair_q4_input(const int8_t *xq, const float *dx, int64_t M, int64_t 
         }                                                                                                  \
     }
 
-DEFINE_Q8_GEMM(q8_gemm_avx2, LANES_AVX2)
+DEFINE_Q8_GEMM(q8_gemm_avx2, Q8_PREP_AVX2, Q8_LANES_AVX2, 0)
 DEFINE_Q4_GEMM(q4_gemm_avx2, PAIR_AVX2)
 #if defined(__GNUC__) && !defined(DL_NO_VNNI)
 #define VNNI __attribute__((target("avx512f,avx512vl,avx512vnni")))
-VNNI DEFINE_Q8_GEMM(q8_gemm_vnni, LANES_VNNI)
+VNNI DEFINE_Q8_GEMM(q8_gemm_vnni, Q8_PREP_VNNI, Q8_LANES_VNNI, 1)
 VNNI DEFINE_Q4_GEMM(q4_gemm_vnni, PAIR_VNNI)
 static int vnni_ok(void) {
     __builtin_cpu_init();
@@ -576,6 +609,9 @@ static int vnni_ok(void) {
 static int vnni_ok(void) { return 0; }
 #endif
 
+/* The int8 weight layout this file's products read: tiles of this many rows (engine/native.py checks it). */
+int dl_q8_tiles(void) { return Q8_NW; }
+
 static int use_vnni = -1; /* -1: not decided yet */
 
 /* Which integer dot the products use: want 0 = AVX2's, 1 = AVX512-VNNI's where the CPU has it,
@@ -586,9 +622,17 @@ int dl_vnni(int want) {
     return use_vnni;
 }
 
-static void q8_gemm(const int8_t *wq, const float *ws, int64_t N, int64_t K, const int8_t *xq, const float *dx,
+/* xq (M, K) is the call's own copy: VNNI's products take it offset to unsigned, in place (Q8_PREP_VNNI). */
+static void q8_gemm(const int8_t *wq, const float *ws, int64_t N, int64_t K, int8_t *xq, const float *dx,
                     int64_t M, void *y, int y_bf16, const void *res) {
-    (dl_vnni(-1) ? q8_gemm_vnni : q8_gemm_avx2)(wq, ws, N, K, xq, dx, M, y, y_bf16, res);
+    if (!dl_vnni(-1)) {
+        q8_gemm_avx2(wq, ws, N, K, xq, dx, M, y, y_bf16, res);
+        return;
+    }
+    const __m256i flip = _mm256_set1_epi8((char)0x80); /* xq + 128 as an unsigned byte */
+    for (int64_t i = 0; i < M * K; i += 32)
+        _mm256_storeu_si256((__m256i *)(xq + i), _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xq + i)), flip));
+    q8_gemm_vnni(wq, ws, N, K, xq, dx, M, y, y_bf16, res);
 }
 
 static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N, int64_t K, const int8_t *xq,

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("native.c")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fPIC", "-shared"]
 QK = 32  # inputs per block: of the activations (native.c: quantize_q8) and of the Q4_1 weights
+Q8_NW = 4  # int8 weight rows per tile (native.c: Q8_NW; q8_tile)
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -114,6 +115,13 @@ def build(source: Path) -> ctypes.CDLL:
     handle.dl_rope_store.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
     handle.dl_silu_mul.argtypes = [ptr, flag, i64, i64, ptr]
     handle.dl_vnni.argtypes, handle.dl_vnni.restype = [flag], flag
+    try:
+        tiles = handle.dl_q8_tiles
+    except AttributeError:
+        tiles = None
+    if tiles is None or tiles() != Q8_NW:
+        raise RuntimeError(f"{source}: its int8 products take another weight layout than this engine/native.py "
+                           f"makes (tiles of {Q8_NW} rows: native.c from the commit that added dl_q8_tiles on)")
     handle.dl_layers.argtypes = [ptr, flag, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, ptr, ptr,
                                  ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     for fn in (handle.dl_attend, handle.dl_q8_linear, handle.dl_q4_linear, handle.dl_rmsnorm,
@@ -241,20 +249,41 @@ def _scratch(m: int, k: int) -> torch.Tensor:
     return torch.empty(2 * m * k + 24 * m * (k // QK) + 64 * m, dtype=torch.uint8)
 
 
-def q8_linear(x: torch.Tensor, wq: torch.Tensor, ws: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T for int8 weights wq (N, K) with float32 scales ws (N,): the input is quantized to int8
-    per block of 32 (llama.cpp's Q8_0 recipe) and the products are summed exactly in integers per
-    block. Returns (M, N) in x's dtype (float32 or bfloat16), plus `residual` (M, N) where given; a
-    row's result does not depend on the other rows."""
+def q8_tile(wq: torch.Tensor) -> torch.Tensor:
+    """int8 weights (N, K) in the products' layout: tiles of Q8_NW rows, block by block (tile t holds,
+    for each block of 32 inputs in order, those 32 bytes of rows Q8_NW*t .. Q8_NW*t + Q8_NW-1), so that
+    a product reads each tile as one stream. N is padded with zero rows to a multiple of Q8_NW:
+    (ceil(N / Q8_NW) * Q8_NW, K). q8_untile(q8_tile(w), N) is w."""
+    n, k = wq.shape
+    if k % QK or wq.dtype != torch.int8:
+        raise ValueError(f"q8_tile: unsupported weights {tuple(wq.shape)} {wq.dtype}")
+    padded = -(-n // Q8_NW) * Q8_NW
+    if padded != n:
+        wq = torch.cat([wq, wq.new_zeros(padded - n, k)])
+    return wq.reshape(padded // Q8_NW, Q8_NW, k // QK, QK).transpose(1, 2).contiguous().reshape(padded, k)
+
+
+def q8_untile(wt: torch.Tensor, n: int) -> torch.Tensor:
+    """The (n, K) row-major weights of q8_tile's layout."""
+    padded, k = wt.shape
+    return wt.reshape(padded // Q8_NW, k // QK, Q8_NW, QK).transpose(1, 2).reshape(padded, k)[:n].contiguous()
+
+
+def q8_linear(x: torch.Tensor, wt: torch.Tensor, ws: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T for int8 weights in q8_tile's layout with float32 scales ws (N,) (N = the outputs): the
+    input is quantized to int8 per block of 32 (llama.cpp's Q8_0 recipe) and the products are summed
+    exactly in integers per block. Returns (M, N) in x's dtype (float32 or bfloat16), plus `residual`
+    (M, N) where given; a row's result does not depend on the other rows."""
     m, k = x.shape
-    n = wq.shape[0]
-    if k % QK or wq.shape[1] != k or wq.dtype != torch.int8 or ws.dtype != torch.float32:
-        raise ValueError(f"q8_linear: unsupported shapes x {tuple(x.shape)} w {tuple(wq.shape)}")
+    n = ws.shape[0]
+    if (k % QK or wt.shape != (-(-n // Q8_NW) * Q8_NW, k) or wt.dtype != torch.int8 or ws.dtype != torch.float32
+            or not wt.is_contiguous()):
+        raise ValueError(f"q8_linear: unsupported shapes x {tuple(x.shape)} w {tuple(wt.shape)} scales {tuple(ws.shape)}")
     x = _input(x)
     y = torch.empty((m, n), dtype=x.dtype)
     bf = int(x.dtype == torch.bfloat16)
     scratch = _scratch(m, k)  # held here: a temporary's memory is freed as soon as _ptr has read its address
-    lib().dl_q8_linear(_ptr(x), bf, m, k, _ptr(wq), _ptr(ws), n, _ptr(y), bf, _residual(residual, y), _ptr(scratch))
+    lib().dl_q8_linear(_ptr(x), bf, m, k, _ptr(wt), _ptr(ws), n, _ptr(y), bf, _residual(residual, y), _ptr(scratch))
     return y
 
 

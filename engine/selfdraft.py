@@ -54,9 +54,12 @@ class SubsetHead:
         if full.b is not None:
             raise ValueError("an exit head with a bias is not supported")
         self.full, self.ids, self.vocab = full, ids, int(full.w.shape[0])
-        self.q = full.q.index_select(0, ids).contiguous() if full.q is not None else None
+        self.q = full.q.index_select(0, ids).contiguous() if full.q is not None and full.sf is None else None
         self.s = full.s.index_select(0, ids) if full.s is not None else None
-        self.sf = full.sf.index_select(0, ids).contiguous() if full.sf is not None else None  # native kernels
+        self.sf = None
+        if full.sf is not None:  # native kernels: their int8 rows come in tiles of four (native.q8_tile)
+            self.sf = full.sf.index_select(0, ids).contiguous()
+            self.q = native_kernels.q8_tile(native_kernels.q8_untile(full.q, self.vocab).index_select(0, ids))
         self.w = full.w.index_select(0, ids) if full.q is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

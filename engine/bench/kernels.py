@@ -9,8 +9,8 @@ each build, their ratio, and whether the two builds gave the same logits (a kern
 every bit, such as a new loop order, must print `same`).
 
 `--against` takes a path to a native.c or a git revision of this checkout (its engine/native.c). The
-other file must export what this checkout's engine/native.py calls (dl_layers and dl_vnni: revisions
-from 25c310f on).
+other file must export what this checkout's engine/native.py calls and read the same int8 weight layout
+(dl_q8_tiles: revisions from the commit that tiled the int8 weights on; older ones are refused).
 """
 
 from __future__ import annotations

@@ -79,15 +79,23 @@ def test_q8_linear_is_close_and_exact_per_row():
     ws = w.abs().amax(1) / 127
     wq = torch.round(w / ws[:, None]).clamp(-127, 127).to(torch.int8)
     x = torch.randn(9, k).to(torch.bfloat16)  # 9 rows: two blocks of four and one left over
-    y = native.q8_linear(x, wq, ws)
+    wt = native.q8_tile(wq)  # 70 rows: 18 tiles of four, the last two rows padding
+    assert wt.shape == (72, k) and torch.equal(native.q8_untile(wt, n), wq)
+    assert torch.equal(wt.view(18, k // 32, 4, 32)[3, 1, 2], wq[14, 32:64])  # tile 3, block 1, its row 2
+    assert not wt.view(18, k // 32, 4, 32)[-1, :, 2:].any()  # the padding rows
+    y = native.q8_linear(x, wt, ws)
     ref = x.double() @ (wq.double() * ws.double()[:, None]).T
     assert y.shape == (9, n) and (y.double() - ref).abs().max() < 0.02 * ref.abs().max()
     for m in range(1, 10):  # every row count gives each row the bits it has alone
-        part = native.q8_linear(x[:m], wq, ws)
+        part = native.q8_linear(x[:m], wt, ws)
         for i in range(m):
             assert torch.equal(part[i], y[i]), (m, i)
+    for lo, hi in ((0, 1), (5, 9), (33, 70)):  # and each output the bits it has in any other tile
+        assert torch.equal(native.q8_linear(x, native.q8_tile(wq[lo:hi]), ws[lo:hi]), y[:, lo:hi]), (lo, hi)
     with pytest.raises(ValueError, match="unsupported"):
-        native.q8_linear(torch.zeros(1, 40), torch.zeros(3, 40, dtype=torch.int8), torch.ones(3))
+        native.q8_linear(torch.zeros(1, 40), torch.zeros(4, 40, dtype=torch.int8), torch.ones(3))
+    with pytest.raises(ValueError, match="unsupported"):  # untiled: 70 rows where the tiles make 72
+        native.q8_linear(x, wq, ws)
 
 
 @needs
@@ -113,7 +121,7 @@ def test_vnni_and_avx2_integer_dots_give_the_same_bits():
             outs = {}
             for flag in (True, False):
                 assert native.vnni(flag) is flag
-                outs[flag] = ([native.q8_linear(xs[:m], wq, ws) for m in range(1, 10)],
+                outs[flag] = ([native.q8_linear(xs[:m], native.q8_tile(wq), ws) for m in range(1, 10)],
                               [native.q4_linear(xs[:m], qs, dm) for m in range(1, 10)])
             for a, b in zip(outs[True][0] + outs[True][1], outs[False][0] + outs[False][1]):
                 assert torch.equal(a, b)
@@ -176,7 +184,7 @@ def test_the_layer_glue_matches_the_torch_version(dtype):
     gu = torch.randn(t, 2 * 24).to(dtype)
     gate, up = gu.split(24, -1)
     assert torch.allclose(native.silu_mul(gu).float(), (torch.nn.functional.silu(gate) * up).float(), **tol)
-    wq = torch.randint(-127, 128, (8, 64), dtype=torch.int8)
+    wq = native.q8_tile(torch.randint(-127, 128, (8, 64), dtype=torch.int8))
     ws, res = torch.rand(8) / 100, torch.randn(5, 8).to(dtype)
     with_res = native.q8_linear(x, wq, ws, res)
     assert torch.allclose(with_res.float(), (native.q8_linear(x, wq, ws) + res).float(), **tol)
@@ -299,3 +307,15 @@ def test_bench_kernels_against_the_same_source(capsys, tmp_path):
     assert all(r["same_logits"] and r["this_ms"] > 0 and r["other_ms"] > 0 for r in report["rows"].values())
     assert main(["bench", "kernels", "--against", "no-such-revision-or-file"]) == 2
     assert "not a file" in capsys.readouterr().err
+
+
+@needs
+def test_a_native_c_of_another_int8_layout_is_refused(tmp_path):
+    """native.c and native.py agree on the int8 weights' layout (tiles of Q8_NW rows); an older file
+    (no dl_q8_tiles), as `bench kernels --against` may load, is refused with a clear error."""
+    src = native.SOURCE.read_text()
+    assert "int dl_q8_tiles(void)" in src
+    old = tmp_path / "native.c"
+    old.write_text(src.replace("int dl_q8_tiles(void)", "static int unused_q8_tiles(void)"))
+    with pytest.raises(RuntimeError, match="another weight layout"):
+        native.build(old)
