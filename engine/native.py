@@ -98,9 +98,11 @@ def lib() -> ctypes.CDLL | None:
     return _lib
 
 
-def build(source: Path) -> ctypes.CDLL:
+def build(source: Path, any_layout: bool = False) -> ctypes.CDLL:
     """Compile (or find in the cache) and load a native.c; raises where it cannot. `lib()` uses SOURCE;
-    `draftline bench kernels` also loads another version of the file, to time both in one process."""
+    `draftline bench kernels` also loads another version of the file, to time both in one process.
+    A file whose int8 products read another weight layout than q8_tile's is refused, unless
+    `any_layout` (q8_layout then tells which)."""
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
         raise RuntimeError(f"no C compiler ({cc}) on PATH")
@@ -115,11 +117,7 @@ def build(source: Path) -> ctypes.CDLL:
     handle.dl_rope_store.argtypes = [ptr, flag, ptr, ptr, i64, i64, i64, i64, ptr, ptr, ptr, i64, i64]
     handle.dl_silu_mul.argtypes = [ptr, flag, i64, i64, ptr]
     handle.dl_vnni.argtypes, handle.dl_vnni.restype = [flag], flag
-    try:
-        tiles = handle.dl_q8_tiles
-    except AttributeError:
-        tiles = None
-    if tiles is None or tiles() != Q8_NW:
+    if q8_layout(handle) != Q8_NW and not any_layout:
         raise RuntimeError(f"{source}: its int8 products take another weight layout than this engine/native.py "
                            f"makes (tiles of {Q8_NW} rows: native.c from the commit that added dl_q8_tiles on)")
     handle.dl_layers.argtypes = [ptr, flag, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, ptr, ptr,
@@ -128,6 +126,16 @@ def build(source: Path) -> ctypes.CDLL:
                handle.dl_rope_store, handle.dl_silu_mul, handle.dl_layers):
         fn.restype = None
     return handle
+
+
+def q8_layout(handle: ctypes.CDLL) -> int:
+    """The rows per tile of the int8 weights a build's products read: 1 for a native.c from before the
+    tiles (plain (N, K) rows), else its dl_q8_tiles()."""
+    try:
+        tiles = handle.dl_q8_tiles
+    except AttributeError:
+        return 1
+    return int(tiles())
 
 
 @contextlib.contextmanager

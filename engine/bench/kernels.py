@@ -9,8 +9,9 @@ each build, their ratio, and whether the two builds gave the same logits (a kern
 every bit, such as a new loop order, must print `same`).
 
 `--against` takes a path to a native.c or a git revision of this checkout (its engine/native.c). The
-other file must export what this checkout's engine/native.py calls and read the same int8 weight layout
-(dl_q8_tiles: revisions from the commit that tiled the int8 weights on; older ones are refused).
+other file must export what this checkout's engine/native.py calls (dl_layers and dl_vnni: revisions
+from 25c310f on). A file from before the int8 weights came in tiles of four rows (native.q8_tile) gets
+the same weights in plain rows while it runs (native.q8_layout tells which layout a build reads).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
     rows = [int(k) for k in args.rows.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            builds = {"this": native.lib(), "other": native.build(_other_source(args.against, Path(tmp)))}
+            builds = {"this": native.lib(),
+                      "other": native.build(_other_source(args.against, Path(tmp)), any_layout=True)}
         except (ValueError, RuntimeError, OSError, AttributeError) as exc:
             print(f"bench kernels: {exc}", file=sys.stderr)
             return 2
@@ -86,11 +88,24 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
     follow = ids[args.context : args.context + max(rows)]
     times: dict[tuple[str, int], list[float]] = {}
     logits: dict[tuple[str, int], torch.Tensor] = {}
+    # the int8 linears' weights in each build's layout (an older native.c reads plain rows)
+    int8 = [lin for lin in [lm.lm_head] + [lin for layer in lm.layers for lin in layer[1:3] + layer[4:6]]
+            if lin.sf is not None]
+    layouts = {"this": [lin.q for lin in int8]}
+    if native.q8_layout(builds["other"]) == 1:
+        layouts["other"] = [native.q8_untile(lin.q, lin.sf.shape[0]) for lin in int8]
+    elif native.q8_layout(builds["other"]) != native.Q8_NW:
+        print("bench kernels: the other native.c reads an int8 layout this one cannot make", file=sys.stderr)
+        return 2
     for rep in range(args.reps):
         for name, handle in builds.items():
+            for lin, q in zip(int8, layouts.get(name, layouts["this"])):
+                lin.q = q
+            lm._fused = None  # dl_layers' table holds the weights' addresses
             with native.using(handle):
                 lm.reset()
                 lm.forward(prompt, keep_logits=1)
+                lm.forward(follow[:1])  # makes dl_layers' table before the timing
                 for k in rows:
                     started = time.perf_counter()
                     for _ in range(args.calls):
@@ -99,8 +114,12 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
                     if rep:  # the first round warms both builds up
                         times.setdefault((name, k), []).append((time.perf_counter() - started) / args.calls * 1e3)
                     logits[(name, k)] = out
+    for lin, q in zip(int8, layouts["this"]):
+        lin.q = q
+    lm._fused = None
     report = {"against": args.against, "context": len(prompt), "reps": args.reps - 1, "calls": args.calls,
-              "vnni": bool(builds["this"].dl_vnni(-1)), "rows": {}}
+              "vnni": bool(builds["this"].dl_vnni(-1)), "other_int8_tiles": native.q8_layout(builds["other"]),
+              "rows": {}}
     for k in rows:
         this, other = times[("this", k)], times[("other", k)]
         report["rows"][str(k)] = {

