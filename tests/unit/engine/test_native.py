@@ -267,6 +267,26 @@ def test_kernels_and_torch_ops_agree_closely():
     assert torch.allclose(a, b, atol=0.05 * b.abs().max().item())
 
 
+@needs
+def test_prefill_chunks_attend_on_the_native_kernel(monkeypatch):
+    """A forward longer than INT8_MAX_ROWS (a prefill chunk) keeps the dense weights but attends with
+    native.attend, INT8_MAX_ROWS rows a call; its logits stay close to the torch attention's."""
+    from engine.lean import INT8_MAX_ROWS
+
+    lm = _tiny_lean(True)
+    prompt = list(range(3, 3 + INT8_MAX_ROWS + 38))  # 70 tokens: calls of 32, 32 and 6 rows a layer
+    calls = []
+    real = native.attend
+    monkeypatch.setattr(native, "attend", lambda q, *a, **k: calls.append(q.shape[1]) or real(q, *a, **k))
+    with_native = lm.forward(prompt)
+    assert calls == [32, 32, 6] * 2  # two layers
+    monkeypatch.setattr(native, "attend", real)
+    lm.reset()
+    lm.native_prefill_attention = False
+    with_torch = lm.forward(prompt)
+    assert torch.allclose(with_native, with_torch, atol=0.02 * with_torch.abs().max().item())
+
+
 def test_switched_off_by_environment():
     """DRAFTLINE_NATIVE=0: no library, a reason, and a lean decoder on torch's ops."""
     code = ("import torch, engine.native as n; from engine.lean import LeanLM; "
