@@ -11,7 +11,9 @@ its next-token distribution from the reference's and how often its top-1 token i
 
 Prefill (forwards longer than INT8_MAX_ROWS take the dense weights whatever the quant): each prompt is
 also prefilled with those matmuls in bf16 and in float32 (engine.lean.dense_linear), interleaved, on
-the int8 arm; the line says which one this CPU gets by default.
+the int8 arm; the line says which one this CPU gets by default. Where the native kernels load, a third
+arm prefills in bf16 with torch's attention (float32 matmuls and softmax) instead of the native
+per-token kernel that prefill chunks use (LeanLM.native_prefill_attention).
 
 Where draftline's native kernels load (engine/native.py), each quant runs with them (the default)
 and, as `int8-torch` / `int4-torch` / `none-torch`, with torch's ops instead, on the same weights.
@@ -86,6 +88,8 @@ def run_bench_quant(args: argparse.Namespace) -> int:
     kl = {q: [] for q in lms}  # per position: KL(reference || arm) of the next-token distribution
     top1 = {q: [] for q in lms}  # per position: the arm's top-1 is the reference's
     prefill = {"bf16": [], "float32": []}
+    if base.native:
+        prefill["bf16_torch_attention"] = []
     prompt_tokens = []
     default_fp32 = lean.dense_in_float32()
     for _, prefix, _ in held_out_prompts(args.prompts, args.prompt_chars, args.seed):
@@ -94,12 +98,14 @@ def run_bench_quant(args: argparse.Namespace) -> int:
         try:
             for arm in prefill:
                 lean._FP32_DENSE = arm == "float32"
+                base.native_prefill_attention = arm != "bf16_torch_attention"
                 base.reset()
                 started = time.perf_counter()
                 base.forward(prompt, keep_logits=1)
                 prefill[arm].append((time.perf_counter() - started) * 1e3)
         finally:
             lean._FP32_DENSE = default_fp32
+            base.native_prefill_attention = True
         outs = {}
         for q, lm in lms.items():
             lm.reset()
@@ -144,6 +150,9 @@ def run_bench_quant(args: argparse.Namespace) -> int:
                           "default": "float32" if default_fp32 else "bf16",
                           **{f"{arm}_ms": round(statistics.median(v), 1) for arm, v in prefill.items()},
                           "bf16_over_float32": round(statistics.median(prefill["bf16"]) / statistics.median(prefill["float32"]), 2)}}
+    if base.native:
+        report["prefill"]["native_attention_over_torch"] = round(
+            statistics.median(prefill["bf16"]) / statistics.median(prefill["bf16_torch_attention"]), 2)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
@@ -158,4 +167,7 @@ def run_bench_quant(args: argparse.Namespace) -> int:
         pf = report["prefill"]
         print(f"prefill of {pf['prompt_tokens_mean']:.0f} tokens (mean): dense matmuls in bf16 {pf['bf16_ms']} ms, in "
               f"float32 {pf['float32_ms']} ms ({pf['bf16_over_float32']:.2f}x); this CPU's default: {pf['default']}")
+        if "native_attention_over_torch" in pf:
+            print(f"prefill attention (bf16 matmuls): native per-token kernel {pf['bf16_ms']} ms, torch's float32 matmuls "
+                  f"and softmax {pf['bf16_torch_attention_ms']} ms ({pf['native_attention_over_torch']:.2f}x)")
     return 0

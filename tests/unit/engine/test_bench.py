@@ -41,6 +41,8 @@ def test_bench_quant_json(model_dirs, capsys):
         assert arm["teacher_forced_kl_from_none"] >= 0.0 and 0.0 <= arm["teacher_forced_top1_equal_to_none"] <= 1.0
     prefill = report["prefill"]
     assert prefill["bf16_ms"] > 0 and prefill["float32_ms"] > 0 and prefill["prompt_tokens_mean"] > 0
+    if report["native"]:  # the native prefill attention against torch's
+        assert prefill["bf16_torch_attention_ms"] > 0 and prefill["native_attention_over_torch"] > 0
     import engine.lean as lean
 
     assert prefill["default"] == ("float32" if lean.dense_in_float32() else "bf16")  # the bench put the switch back
