@@ -16,6 +16,7 @@ import torch
 from engine.drafters import Drafter, HybridDrafter, ModelDrafter, NgramDrafter
 from engine.model import CachedLM, LoadedModel, batched_rows_differ, load_model
 from engine.prompt import TEMPLATES, Prompt, PromptBudget, PromptBuilder, detect_template
+from engine.slots import PromptSlots
 from engine.speculative import AdaptiveGamma, AstAdaptiveGamma, FixedGamma, GrowingGamma, generate
 from engine.stops import MAX_LOOP_LINES, REPEATED_LINES, _repetition_end, _scope_end, _StopRules  # noqa: F401 (also imported from here)
 from engine.syntax import DepthTracker
@@ -38,8 +39,11 @@ class EngineConfig:
     # off until `draftline bench gpu` has measured it on one; ignored on the CPU, where verify rows stay exact
     # only through one-query-at-a-time attention
     cuda_graphs: bool = False
+    # copies of earlier prompts' KV kept for going back to a file (engine.slots; lean decoder only); each
+    # holds up to the prompt budget + 64 positions (SmolLM2 on the CPU: ~26 MB each)
+    prompt_slots: int = 3
     # every field reaches model.options through load_engine: template, backend, quant, cuda_graphs, prompt_tokens
-    # (budget.total), snippet_share (budget.snippet_share), remember_completions, and SpecConfig's
+    # (budget.total), snippet_share (budget.snippet_share), remember_completions, prompt_slots, and SpecConfig's
 
 
 # code that a row probe (engine.model.batched_rows_differ) runs through a backend at load
@@ -92,6 +96,7 @@ class Engine:
         self._healing: dict[str, torch.Tensor] = {}
         self._boundaries: dict[int, bool] = {}  # token -> does the tokenizer split after it before a word
         self.last_prompt: list[int] = []  # the tokens of the last request's prompt, as the model got them
+        self.slots = PromptSlots(config.prompt_slots, self.prompts.budget.total + 64)
 
     def forget(self) -> None:
         """Drop everything a later request could reuse: both models' KV and the remembered
@@ -101,6 +106,7 @@ class Engine:
         if self.draft_lm is not None:
             self.draft_lm.reset()
         self.history.clear()
+        self.slots.clear()
 
     def apply_overrides(self, *, gamma: int | None = None, drafter: str | None = None,
                         target_only: bool = False) -> SpecConfig:
@@ -156,6 +162,7 @@ class Engine:
             self.model_drafter.temperature = spec.temperature
             self.model_drafter.p_min = spec.draft_confidence
         gamma = self._gamma_policy(spec, request, prompt.prefix_chars)
+        self.slots.choose([self.target_lm, *([self.draft_lm] if self.draft_lm else [])], prompt_tokens)
         draft_before = self.draft_lm.forwards if self.draft_lm else 0
         run = generate
         if spec.tree_nodes > 1 and drafter is not None and hasattr(drafter, "propose_tree"):
@@ -322,7 +329,8 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
                 trust_remote_code: bool = False, config: EngineConfig = EngineConfig(),
                 backend: str | None = None, quant: str = "auto", prompt_tokens: int | None = None,
                 template: str | None = None, snippet_share: float | None = None,
-                remember_completions: int | None = None, cuda_graphs: bool | None = None, **spec: Any) -> Engine:
+                remember_completions: int | None = None, cuda_graphs: bool | None = None,
+                prompt_slots: int | None = None, **spec: Any) -> Engine:
     """Load a target (and optional draft sharing its tokenizer) and build an Engine.
 
     ``draft="self:N"`` drafts with the target's own first N layers and its head (``"self:N:K"``: a
@@ -338,7 +346,8 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     prompt (default: CPU_PROMPT_TOKENS on the CPU, GPU_PROMPT_TOKENS on a GPU); ``snippet_share`` is
     the share of it cross-file context may take; ``template`` names the prompt format (a family of
     engine.prompt.TEMPLATES) where detection from the tokenizer is wrong. ``cuda_graphs`` replays the lean
-    decoder's decode and verify forwards as CUDA graphs on a GPU (engine.graphs).
+    decoder's decode and verify forwards as CUDA graphs on a GPU (engine.graphs). ``prompt_slots``: how
+    many earlier prompts' KV are kept for going back to a file (engine.slots; 0: none).
     """
     if unknown := sorted(set(spec) - set(SPEC_OPTIONS)):
         raise ValueError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(SPEC_OPTIONS)}")
@@ -360,6 +369,10 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
         config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, snippet_share=snippet_share))
     if remember_completions is not None:
         config = dataclasses.replace(config, remember_completions=max(0, int(remember_completions)))
+    if prompt_slots is not None:
+        if not isinstance(prompt_slots, int) or isinstance(prompt_slots, bool) or prompt_slots < 0:
+            raise ValueError(f"prompt_slots must be a whole number >= 0, not {prompt_slots!r}")
+        config = dataclasses.replace(config, prompt_slots=prompt_slots)
     if cuda_graphs is not None:
         if not isinstance(cuda_graphs, bool):
             raise ValueError(f"cuda_graphs must be true or false, not {cuda_graphs!r}")

@@ -417,6 +417,23 @@ class LeanLM:
     def reset(self) -> None:
         self.tokens = []
 
+    def snapshot(self, n: int | None = None) -> tuple[list[int], torch.Tensor, torch.Tensor | None]:
+        """A copy of the first n held positions (all by default): their tokens, K/V and, where kept,
+        hidden rows (engine.slots keeps a few, to put back with `restore`)."""
+        n = len(self.tokens) if n is None else min(n, len(self.tokens))
+        return (list(self.tokens[:n]), self.kv[:, :, :, :n].clone(),
+                None if self.hidden is None else self.hidden[:n].clone())
+
+    def restore(self, snap: tuple[list[int], torch.Tensor, torch.Tensor | None]) -> None:
+        """Hold a snapshot's positions again, in place (the cache's addresses do not change: a
+        native Layers table and CUDA graphs keep pointing at it)."""
+        tokens, kv, hidden = snap
+        n = len(tokens)
+        self.kv[:, :, :, :n].copy_(kv)
+        if hidden is not None and self.hidden is not None:
+            self.hidden[:n].copy_(hidden)
+        self.tokens = list(tokens)
+
     def truncate(self, n: int) -> None:
         del self.tokens[n:]  # positions >= n are simply overwritten later
 

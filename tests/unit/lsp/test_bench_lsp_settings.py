@@ -18,3 +18,9 @@ def test_backend_reaches_model_options_and_is_absent_unless_asked():
     settings = bench_settings(_args(backend="llamacpp", target="x.gguf"), remote=False)
     assert settings["model"] == {"target": "x.gguf", "options": {"backend": "llamacpp"}}
     assert settings["index"] == {"enabled": True}
+
+
+def test_prompt_slots_reach_model_options_beside_the_backend():
+    assert bench_settings(_args(prompt_slots=0), remote=False)["model"] == {"options": {"prompt_slots": 0}}
+    settings = bench_settings(_args(backend="lean", prompt_slots=2), remote=False)
+    assert settings["model"]["options"] == {"backend": "lean", "prompt_slots": 2}
