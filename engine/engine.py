@@ -40,8 +40,10 @@ class EngineConfig:
     # only through one-query-at-a-time attention
     cuda_graphs: bool = False
     # copies of earlier prompts' KV kept for going back to a file (engine.slots; lean decoder only); each
-    # holds up to the prompt budget + 64 positions (SmolLM2 on the CPU: ~26 MB each)
-    prompt_slots: int = 3
+    # holds up to the prompt budget + 64 positions (SmolLM2 on the CPU: ~26 MB each). None: 3 on the CPU,
+    # where a cold prompt costs ~0.5 s; 0 on a GPU, which prefills fast and whose memory the copies
+    # would take (a 7B model's 4k-token prompt: ~0.25 GB each)
+    prompt_slots: int | None = None
     # every field reaches model.options through load_engine: template, backend, quant, cuda_graphs, prompt_tokens
     # (budget.total), snippet_share (budget.snippet_share), remember_completions, prompt_slots, and SpecConfig's
 
@@ -96,7 +98,8 @@ class Engine:
         self._healing: dict[str, torch.Tensor] = {}
         self._boundaries: dict[int, bool] = {}  # token -> does the tokenizer split after it before a word
         self.last_prompt: list[int] = []  # the tokens of the last request's prompt, as the model got them
-        self.slots = PromptSlots(config.prompt_slots, self.prompts.budget.total + 64)
+        slots = config.prompt_slots if config.prompt_slots is not None else 3 if target.device.type == "cpu" else 0
+        self.slots = PromptSlots(slots, self.prompts.budget.total + 64)
 
     def forget(self) -> None:
         """Drop everything a later request could reuse: both models' KV and the remembered

@@ -100,3 +100,4 @@ def test_going_back_to_a_file_is_warm_and_answers_the_same(model_dirs):
     assert runs["slots"][1].tokens == runs["cold"][1].tokens
     eng.forget()  # what benchmarks do between modes: nothing kept either
     assert not eng.slots.kept
+    assert eng.slots.capacity == 3 and cold.slots.capacity == 0  # the CPU's default, and the option
