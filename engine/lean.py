@@ -527,8 +527,8 @@ class LeanLM:
         # from T = 4 on (SmolLM2, bf16), and greedy speculation then drifted from plain decoding
         per_token = self.manual_attention and t <= INT8_MAX_ROWS
         # a longer forward (a prefill chunk) on the native kernels attends with the decode step's kernel
-        # too, INT8_MAX_ROWS rows a call: each row sees exactly its causal keys (no masked scores), and
-        # a 256-token chunk took 0.4-0.8x the time of the float32 matmuls and softmax below
+        # too, INT8_MAX_ROWS rows a call: each row sees exactly its causal keys (no masked scores); whole
+        # prefills took 0.85-0.95x the time of the float32 matmuls and softmax below (`bench quant`)
         native_att = self.native and self.native_prefill_attention and not per_token
         if t > 1 and not per_token and not native_att and (start > 0 or self.manual_attention):  # new token i sees the cache and new tokens 0..i
             mask = torch.ones(t, end, dtype=torch.bool, device=self.device).tril(diagonal=start)  # (T, L)
