@@ -435,38 +435,53 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
  * speed). engine/native.py's q8_tile makes this layout. */
 #define Q8_NW 4
 
-/* Rows r..r+R-1 of x against weight rows n0+J0..n0+J0+NJ-1 of a tile (R, J0, NJ constants, so the
- * accumulators stay in registers): NJ * R independent FMA chains, so that one chain's latency (an FMA
- * waits for the previous block's) does not hold the others up. Each output still runs Q8_ROW over its
- * blocks in order, exactly as alone, whatever the tile. Padding rows are not stored. */
-#define Q8_TILE(PREP, LANES, J0, NJ, R)                                                                          \
+/* Rows r+I0..r+I0+R-1 of x against the four weight rows of a tile (I0, R constants, so the accumulators
+ * stay in registers): 4 * R independent FMA chains, so that one chain's latency (an FMA waits for the
+ * previous block's) does not hold the others up. Each output still runs Q8_ROW over its blocks in
+ * order, exactly as alone, whatever the tile. Padding rows are not stored. ROWS_INNER: per block, all
+ * four weight blocks are loaded first and each row's input once (32 vector registers: VNNI builds);
+ * else one weight block at a time against each row's input (AVX2's 16 registers; the inputs come
+ * from L1 again). The order of different outputs' operations does not change any output's bits. */
+#define Q8_TILE(PREP, LANES, I0, R, ROWS_INNER)                                                            \
     do {                                                                                                   \
-        __m256 acc[NJ][R];                                                                                 \
-        _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++)                                               \
+        __m256 acc[Q8_NW][R];                                                                              \
+        _Pragma("GCC unroll 8") for (int j = 0; j < Q8_NW; j++)                                            \
         _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) acc[j][i] = _mm256_setzero_ps();               \
         for (int64_t b = 0; b < nb; b++) {                                                                 \
-            __m256i w[NJ], aux[NJ];                                                                        \
-            _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) {                                         \
-                w[j] = _mm256_loadu_si256((const __m256i *)(wt + (b * Q8_NW + J0 + j) * QK));              \
-                aux[j] = PREP(w[j]);                                                                       \
-            }                                                                                              \
-            _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                          \
-                const __m256i a = _mm256_loadu_si256((const __m256i *)(x0 + i * K + b * QK));              \
-                const __m256 s = _mm256_set1_ps(e0[i * nb + b]);                                           \
-                _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++) Q8_ROW(LANES, acc[j][i], aux[j], w[j], a, s); \
+            if (ROWS_INNER) {                                                                              \
+                __m256i w[Q8_NW], aux[Q8_NW];                                                              \
+                _Pragma("GCC unroll 8") for (int j = 0; j < Q8_NW; j++) {                                  \
+                    w[j] = _mm256_loadu_si256((const __m256i *)(wt + (b * Q8_NW + j) * QK));               \
+                    aux[j] = PREP(w[j]);                                                                   \
+                }                                                                                          \
+                _Pragma("GCC unroll 8") for (int i = 0; i < R; i++) {                                      \
+                    const __m256i a = _mm256_loadu_si256((const __m256i *)(x0 + (I0 + i) * K + b * QK));   \
+                    const __m256 s = _mm256_set1_ps(e0[(I0 + i) * nb + b]);                                \
+                    _Pragma("GCC unroll 8") for (int j = 0; j < Q8_NW; j++)                                \
+                        Q8_ROW(LANES, acc[j][i], aux[j], w[j], a, s);                                      \
+                }                                                                                          \
+            } else {                                                                                       \
+                _Pragma("GCC unroll 8") for (int j = 0; j < Q8_NW; j++) {                                  \
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(wt + (b * Q8_NW + j) * QK));    \
+                    const __m256i aux = PREP(w);                                                           \
+                    _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                    \
+                        Q8_ROW(LANES, acc[j][i], aux, w,                                                   \
+                               _mm256_loadu_si256((const __m256i *)(x0 + (I0 + i) * K + b * QK)),          \
+                               _mm256_set1_ps(e0[(I0 + i) * nb + b]));                                     \
+                }                                                                                          \
             }                                                                                              \
         }                                                                                                  \
-        _Pragma("GCC unroll 8") for (int j = 0; j < NJ; j++)                                               \
-            if (n0 + J0 + j < N)                                                                           \
+        _Pragma("GCC unroll 8") for (int j = 0; j < Q8_NW; j++)                                            \
+            if (n0 + j < N)                                                                                \
                 _Pragma("GCC unroll 8") for (int i = 0; i < R; i++)                                        \
-                    store_out(y, y_bf16, res, (r + i) * N + n0 + J0 + j, hsum8(acc[j][i]) * ws[n0 + J0 + j]); \
+                    store_out(y, y_bf16, res, (r + I0 + i) * N + n0 + j, hsum8(acc[j][i]) * ws[n0 + j]);   \
     } while (0)
 
 /* y (M, N) = x W^T for int8 weights wq (Q8_NW-row tiles, above) with one float32 scale per output ws
  * (N), and x given as quantize_q8's blocks. A tile of weights against up to four rows of x at a time:
- * each weight block is read once for them. WIDE: all four weight rows in one pass (VNNI builds have
- * 32 vector registers); else two passes of two rows for three or four rows of x (AVX2 has 16). */
-#define DEFINE_Q8_GEMM(NAME, PREP, LANES, WIDE)                                                                  \
+ * each weight block is read from memory once for them. WIDE (VNNI builds, 32 vector registers): the
+ * four rows in one pass; else (AVX2, 16) at most two rows a pass, the tile read again from L1. */
+#define DEFINE_Q8_GEMM(NAME, PREP, LANES, WIDE)                                                            \
     static void NAME(const int8_t *wq, const float *ws, int64_t N, int64_t K, const int8_t *xq,            \
                      const float *dx, int64_t M, void *y, int y_bf16, const void *res) {                  \
         const int64_t nb = K / QK, tiles = (N + Q8_NW - 1) / Q8_NW;                                        \
@@ -478,15 +493,15 @@ static void quantize_q8(const void *x, int bf16, int64_t M, int64_t K, int8_t *x
                 const int8_t *x0 = xq + r * K;                                                             \
                 const float *e0 = dx + r * nb;                                                             \
                 switch (M - r < 4 ? M - r : 4) { /* 4, or the 1-3 rows left */                             \
-                case 1: Q8_TILE(PREP, LANES, 0, 4, 1); break;                                                    \
-                case 2: Q8_TILE(PREP, LANES, 0, 4, 2); break;                                                    \
+                case 1: Q8_TILE(PREP, LANES, 0, 1, WIDE); break;                                           \
+                case 2: Q8_TILE(PREP, LANES, 0, 2, WIDE); break;                                           \
                 case 3:                                                                                    \
-                    if (WIDE) Q8_TILE(PREP, LANES, 0, 4, 3);                                                     \
-                    else { Q8_TILE(PREP, LANES, 0, 2, 3); Q8_TILE(PREP, LANES, 2, 2, 3); }                             \
+                    if (WIDE) Q8_TILE(PREP, LANES, 0, 3, 1);                                               \
+                    else { Q8_TILE(PREP, LANES, 0, 2, 0); Q8_TILE(PREP, LANES, 2, 1, 0); }                 \
                     break;                                                                                 \
                 default:                                                                                   \
-                    if (WIDE) Q8_TILE(PREP, LANES, 0, 4, 4);                                                     \
-                    else { Q8_TILE(PREP, LANES, 0, 2, 4); Q8_TILE(PREP, LANES, 2, 2, 4); }                             \
+                    if (WIDE) Q8_TILE(PREP, LANES, 0, 4, 1);                                               \
+                    else { Q8_TILE(PREP, LANES, 0, 2, 0); Q8_TILE(PREP, LANES, 2, 2, 0); }                 \
                     break;                                                                                 \
                 }                                                                                          \
             }                                                                                              \

@@ -32,6 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rows", default="1,2,4,8,16", help="comma-separated k: tokens per timed forward")
     p.add_argument("--reps", type=int, default=8, help="alternating rounds (the first is a warm-up)")
     p.add_argument("--calls", type=int, default=5, help="forwards per k per build per round")
+    p.add_argument("--no-vnni", action="store_true",
+                   help="both builds use AVX2's integer dots even where the CPU has AVX512-VNNI (the AVX2 path's timing)")
     p.add_argument("--json", action="store_true")
 
 
@@ -75,6 +77,8 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
         except (ValueError, RuntimeError, OSError, AttributeError) as exc:
             print(f"bench kernels: {exc}", file=sys.stderr)
             return 2
+    for handle in builds.values():
+        handle.dl_vnni(0 if args.no_vnni else 1)
     engine = load_engine(target, quant="int8", drafter="none")
     lm = engine.target_lm
     if not isinstance(lm, LeanLM) or not lm.native:
