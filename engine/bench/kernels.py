@@ -77,6 +77,7 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
         except (ValueError, RuntimeError, OSError, AttributeError) as exc:
             print(f"bench kernels: {exc}", file=sys.stderr)
             return 2
+    vnni_before = builds["this"].dl_vnni(-1)
     for handle in builds.values():
         handle.dl_vnni(0 if args.no_vnni else 1)
     engine = load_engine(target, quant="int8", drafter="none")
@@ -121,8 +122,10 @@ def run_bench_kernels(args: argparse.Namespace) -> int:
     for lin, q in zip(int8, layouts["this"]):
         lin.q = q
     lm._fused = None
+    vnni_used = bool(builds["this"].dl_vnni(-1))
+    builds["this"].dl_vnni(vnni_before)  # this process's kernels as they were
     report = {"against": args.against, "context": len(prompt), "reps": args.reps - 1, "calls": args.calls,
-              "vnni": bool(builds["this"].dl_vnni(-1)), "other_int8_tiles": native.q8_layout(builds["other"]),
+              "vnni": vnni_used, "other_int8_tiles": native.q8_layout(builds["other"]),
               "rows": {}}
     for k in rows:
         this, other = times[("this", k)], times[("other", k)]

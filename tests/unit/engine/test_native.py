@@ -357,8 +357,10 @@ def test_bench_kernels_against_a_native_c_of_plain_int8_rows(capsys):
     if subprocess.run(["git", "cat-file", "-e", "6009174:engine/native.c"], cwd=native.SOURCE.parent,
                       capture_output=True).returncode:
         pytest.skip("this checkout has no git history back to 6009174")
+    vnni = native.vnni()
     assert main(["bench", "kernels", "--against", "6009174", "--reps", "2", "--calls", "1", "--rows", "1,5",
-                 "--context", "64", "--json"]) == 0
+                 "--context", "64", "--no-vnni", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["other_int8_tiles"] == 1
+    assert report["other_int8_tiles"] == 1 and report["vnni"] is False  # the AVX2 path, timed on any CPU
+    assert native.vnni() == vnni  # and the process's choice is back
     assert all(r["same_logits"] for r in report["rows"].values())
