@@ -656,7 +656,8 @@ static void q4_gemm(const uint8_t *qs, const float *d, const float *m, int64_t N
 }
 
 /* The entry points: y (M, N) = x W^T (+ res, (M, N) in y's dtype, where not NULL), x and y float32
- * or bfloat16 (the flags), x quantized into `scratch` (at least 2*M*K + 24*M*(K/32) + 64*M bytes) and multiplied. */
+ * or bfloat16 (the flags), x quantized into `scratch` (at least 2*M*K + 24*M*(K/32) + 64*M bytes) and multiplied.
+ * int8 weights wq in Q8_NW-row tiles (ceil(N / Q8_NW) * Q8_NW rows); Q4_1 weights in plain rows. */
 void dl_q8_linear(const void *x, int x_bf16, int64_t M, int64_t K, const int8_t *wq, const float *ws, int64_t N,
                   void *y, int y_bf16, const void *res, uint8_t *scratch) {
     int8_t *xq = (int8_t *)scratch;
