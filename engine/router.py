@@ -131,6 +131,7 @@ def tensor_bytes(engine: Any) -> int:
         cache = getattr(lm, "cache", None)  # transformers' DynamicCache on the CachedLM path
         for layer in getattr(cache, "layers", ()) or ():
             walk([getattr(layer, "keys", None), getattr(layer, "values", None)], 0)
+    walk(getattr(getattr(engine, "slots", None), "kept", None), 0)  # earlier prompts' KV copies (engine.slots)
     return total
 
 

@@ -80,7 +80,10 @@ def test_going_back_to_a_file_is_warm_and_answers_the_same(model_dirs):
     cold = load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32", prompt_slots=0)
     a = CompletionRequest(prefix=_long("alpha"), uri="file:///a.py", path="a.py", limits=Limits(max_tokens=8))
     b = CompletionRequest(prefix=_long("beta"), uri="file:///b.py", path="b.py", limits=Limits(max_tokens=8))
+    from engine.router import tensor_bytes
+
     runs = {}
+    before = tensor_bytes(eng)
     for name, e in (("slots", eng), ("cold", cold)):
         first = e.complete(a, threading.Event())
         assert first.stats.prompt_tokens > 2 * MIN_GAIN
@@ -90,6 +93,8 @@ def test_going_back_to_a_file_is_warm_and_answers_the_same(model_dirs):
         runs[name] = (first, back)
         if name == "slots":
             assert e.slots.saved >= 1 and e.slots.restored == 1
+            kept = sum(c[1].numel() * c[1].element_size() for k in e.slots.kept for c in k.copies)
+            assert kept > 0 and tensor_bytes(e) >= before + kept  # the copies count in the engine's memory
             assert back.stats.reused_tokens == back.stats.prompt_tokens - 1  # only the last token runs again
             # the kept positions are the first prefill's, bit for bit (the last one always runs again)
             n = first.stats.prompt_tokens - 1
