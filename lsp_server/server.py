@@ -370,7 +370,7 @@ class Draftline:
             "cache_hits": tel.cache_hits,
             "type_through": tel.type_through,
             "latency_ms": tel.latency(),
-            "prompt_cache": tel.prompt_cache(),
+            "prompt_cache": {**tel.prompt_cache(), **_slots_status(engine)},
             "generations": {
                 "started": sched.started, "in_flight": sched.in_flight, "max_in_flight": sched.max_in_flight,
             },
@@ -387,6 +387,15 @@ class Draftline:
             "roots": [str(r) for r in self.roots],
             "last_chunks": self.last_chunks,
         }
+
+
+def _slots_status(engine: Any) -> dict[str, Any]:
+    """The local engine's prompt slots (engine.slots): copies kept now, made and put back so far."""
+    slots = getattr(engine, "slots", None)
+    if slots is None or not hasattr(slots, "kept"):
+        return {}
+    return {"slots": {"capacity": slots.capacity, "kept": len(slots.kept), "saved": slots.saved,
+                      "restored": slots.restored}}
 
 
 def _engine_runner(scheduler: Scheduler):

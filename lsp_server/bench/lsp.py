@@ -213,6 +213,7 @@ def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
         "prompt_tokens_mean": status.get("prompt_cache", {}).get("prompt_tokens_mean", 0.0),
         "recomputed_tokens_mean": status.get("prompt_cache", {}).get("recomputed_mean", 0.0),
         "engine_runs": status.get("prompt_cache", {}).get("runs", 0),
+        "prompt_slots": status.get("prompt_cache", {}).get("slots"),  # copies made and put back (engine.slots)
         "matched_exactly": round(exact / len(judged), 4) if judged else 0.0,
         "matched_prefix": round(useful / len(judged), 4) if judged else 0.0,
         "judged": len(judged),

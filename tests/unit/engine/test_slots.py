@@ -106,3 +106,15 @@ def test_going_back_to_a_file_is_warm_and_answers_the_same(model_dirs):
     eng.forget()  # what benchmarks do between modes: nothing kept either
     assert not eng.slots.kept
     assert eng.slots.capacity == 3 and cold.slots.capacity == 0  # the CPU's default, and the option
+
+
+def test_the_server_status_shows_the_slots():
+    """draftline/status: prompt_cache.slots for a local engine, nothing for engines without slots."""
+    from types import SimpleNamespace
+
+    from lsp_server.server import _slots_status
+
+    slots = PromptSlots(capacity=2, max_tokens=100)
+    slots.saved, slots.restored = 3, 1
+    assert _slots_status(SimpleNamespace(slots=slots)) == {"slots": {"capacity": 2, "kept": 0, "saved": 3, "restored": 1}}
+    assert _slots_status(object()) == {} and _slots_status(None) == {}
