@@ -44,6 +44,10 @@ class PromptSlots:
     def clear(self) -> None:
         self.kept.clear()
 
+    def stats(self) -> dict[str, int]:
+        """For draftline/status: copies kept now, made and put back so far."""
+        return {"capacity": self.capacity, "kept": len(self.kept), "saved": self.saved, "restored": self.restored}
+
     def choose(self, lms: Sequence[Any], prompt: Sequence[int]) -> int:
         """Before `prompt` is prefilled into `lms` (target first, then a draft, if any): keep a copy of
         what the target holds if the prompt would overwrite most of it, and put back the kept copy that

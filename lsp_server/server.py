@@ -391,11 +391,8 @@ class Draftline:
 
 def _slots_status(engine: Any) -> dict[str, Any]:
     """The local engine's prompt slots (engine.slots): copies kept now, made and put back so far."""
-    slots = getattr(engine, "slots", None)
-    if slots is None or not hasattr(slots, "kept"):
-        return {}
-    return {"slots": {"capacity": slots.capacity, "kept": len(slots.kept), "saved": slots.saved,
-                      "restored": slots.restored}}
+    stats = getattr(getattr(engine, "slots", None), "stats", None)
+    return {"slots": stats()} if callable(stats) else {}
 
 
 def _engine_runner(scheduler: Scheduler):

@@ -16,10 +16,11 @@ the typing numbers. ``--consecutive N`` retypes N consecutive lines a file (the 
 gone but the first, emptied to its indentation): after each line, Enter (a newline and the next line's
 indentation, as an editor indents) and an awaited request, whose latency is ``newline_p50_ms`` /
 ``newline_p99_ms``: what a new line costs once the lines before it changed the retrieval query and
-the context (not in the typing numbers either). ``--revisit``: after each file, the client goes back to the file before it (opened again as it was
-left) and awaits one request where its cursor was, as a user returning to a file meets it:
-``revisit_p50_ms`` / ``revisit_max_ms`` (warm where the engine kept that prompt's KV: engine.slots;
-``--prompt-slots 0`` turns that off), not in the typing numbers. ``stale_answers``: non-empty answers the server provably wrote after it knew of a newer version (an
+the context (not in the typing numbers either). ``--revisit``: after each file, the client goes back
+to the file before it (opened again as it was left) and awaits one request where its cursor was, as
+a user returning to a file meets it: ``revisit_p50_ms`` / ``revisit_max_ms`` (warm where the engine
+kept that prompt's KV: engine.slots; ``--prompt-slots 0`` turns that off), not in the typing numbers.
+``stale_answers``: non-empty answers the server provably wrote after it knew of a newer version (an
 answer to a later version reached the client first; the pipe is FIFO); the server is built never to
 send one. ``crossed_answers``: non-empty answers that were on their way while the client sent a
 newer version (no server can avoid those; an editor drops them by version).
