@@ -64,8 +64,10 @@ class PromptSlots:
                 best, best_len = kept, n
         held = min(len(target.tokens), self.max_tokens)
         if best is not None and best_len - have >= MIN_GAIN:
-            self._keep(lms, held)
+            # out of the list before the cache's own copy goes in: _keep drops near copies and trims the
+            # least recently used, either of which could be `best` itself
             self.kept.remove(best)
+            self._keep(lms, held)
             for lm, copy in zip(lms, best.copies):
                 lm.restore(copy)
             self.restored += 1

@@ -118,3 +118,42 @@ def test_the_server_status_shows_the_slots():
     slots.saved, slots.restored = 3, 1
     assert _slots_status(SimpleNamespace(slots=slots)) == {"slots": {"capacity": 2, "kept": 0, "saved": 3, "restored": 1}}
     assert _slots_status(object()) == {} and _slots_status(None) == {}
+
+
+def test_going_back_with_every_slot_taken_puts_the_oldest_copy_back():
+    """A, B, C, D, then A again with three slots: A's copy is the least recently used one, which
+    keeping D's copy must not trim away before it is put back (it raised ValueError)."""
+    lm, slots = FakeLM(), PromptSlots(capacity=3, max_tokens=300)
+    for f in (1, 2, 3, 4):
+        slots.choose([lm], _prompt(f))
+        lm.prefill(_prompt(f))
+    assert [k.tokens[0] for k in slots.kept] == [1000, 2000, 3000]
+    assert slots.choose([lm], _prompt(1) + [5]) == 200 and lm.tokens == _prompt(1)
+    assert [k.tokens[0] for k in slots.kept] == [2000, 3000, 4000] and slots.restored == 1
+
+
+def test_one_slot_swaps_two_files():
+    lm, slots = FakeLM(), PromptSlots(capacity=1, max_tokens=300)
+    a, b = _prompt(1), _prompt(2)
+    slots.choose([lm], a)
+    lm.prefill(a)
+    for _ in range(3):
+        slots.choose([lm], b)
+        lm.prefill(b)
+        assert slots.choose([lm], a + [5]) == 200 and lm.tokens == a  # b's copy is kept in a's place
+        assert [k.tokens for k in slots.kept] == [b]
+        assert slots.choose([lm], b + [5]) == 200 and lm.tokens == b
+        assert [k.tokens for k in slots.kept] == [a]
+        lm.prefill(b)
+
+
+def test_a_copy_near_the_cache_is_put_back_not_lost():
+    """The cache shares 3/4 of the best copy (the same file, edited near its top): keeping the cache's
+    copy drops near copies, and the best one must be out of the list before that."""
+    lm, slots = FakeLM(), PromptSlots(capacity=3, max_tokens=1000)
+    a = _prompt(1, n=400)
+    lm.prefill(a)
+    slots.choose([lm], _prompt(2, n=400))  # a is kept
+    edited = a[:300] + [9] * 100  # the cache now: a with its last quarter changed, sharing 300 of a's 400
+    lm.prefill(edited)
+    assert slots.choose([lm], a + [5]) == 400 and lm.tokens == a
