@@ -5,14 +5,16 @@ Both get the same prompts: engine/bench/engine.py's cuts from the held-out split
 start of an indented line), built by draftline's prompt builder; llama-server receives the very token
 ids draftline's target got (`Engine.last_prompt`), so tokenization and template are the same. Each
 request is cold (draftline forgets its caches; llama-server gets `cache_prompt: false`), greedy, up
-to `--max-new` tokens. Engines run in a rotating order per prompt, in one run.
+to `--max-new` tokens; llama-server is asked for as many tokens as draftline's plain answer to the
+prompt has (it stops only at its end-of-sequence token), so whole answers compare at one length.
+Engines run in a rotating order per prompt, in one run.
 
 Reported per engine: time to the first token (draftline: its prefill; llama-server: its own
 `prompt_ms`), decode ms/token over the tokens after the first (llama-server: `predicted_ms`, which
 counts from the first token on), the whole answer's time (median), and the ratio of decode ms/token
 to llama-server's. llama-server's numbers
-are its own timings, without the HTTP round trip, which favours it slightly. draftline applies its
-stop rules (end of scope, loops) and may stop earlier; tokens per answer are reported.
+are its own timings, without the HTTP round trip, which favours it slightly. Tokens per answer are
+reported (llama-server's may be fewer, where it meets its end-of-sequence token first).
 
 llama-server's own draftless speculative modes (`--spec-type ngram-*`, `--server-spec`) run as
 servers of their own, each answer checked against plain llama-server's tokens, with their draft
@@ -151,12 +153,16 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
             request = CompletionRequest(prefix=prefix, suffix=suffix, path=path, mode="multi-line",
                                         limits=Limits(max_tokens=args.max_new, max_lines=10_000))
             engine.forget()
-            engine.complete(request, threading.Event(), spec=spec_for("plain"))  # the prompt's ids
+            first = engine.complete(request, threading.Event(), spec=spec_for("plain"))  # the prompt's ids
             tokens = list(engine.last_prompt)
+            # llama-server stops only at its end-of-sequence token, draftline also at its stop rules (lines,
+            # loops, the template's stop ids): the server is asked for as many tokens as draftline's plain
+            # answer has, so the answer times compare answers of one length
+            n_predict = max(1, first.stats.generated_tokens)
             prompt_lengths.append(len(tokens))
             for name in names[i % len(names):] + names[: i % len(names)]:
                 if name in servers:
-                    out = servers[name].complete(tokens, args.max_new)
+                    out = servers[name].complete(tokens, n_predict)
                     t = out["timings"]
                     n = int(t["predicted_n"])
                     runs[name].append({"first_ms": t["prompt_ms"], "tokens": n, "total_ms": t["prompt_ms"] + t["predicted_ms"],

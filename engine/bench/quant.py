@@ -109,7 +109,7 @@ def run_bench_quant(args: argparse.Namespace) -> int:
         outs = {}
         for q, lm in lms.items():
             lm.reset()
-            lm.forward(prompt, keep_logits=1)
+            lm.forward(prompt[:-1], keep_logits=1)  # the prompt's last token is the first decode step's input
             nxt, out = prompt[-1], []
             started = time.perf_counter()
             for _ in range(args.max_new):
@@ -129,7 +129,7 @@ def run_bench_quant(args: argparse.Namespace) -> int:
         forced = {}
         for q, lm in lms.items():  # the reference's greedy tokens, teacher-forced, one decode step each
             lm.reset()
-            lm.forward(prompt, keep_logits=1)
+            lm.forward(prompt[:-1], keep_logits=1)
             forced[q] = torch.stack([lm.forward([t])[-1].float() for t in [prompt[-1], *outs[ref][:-1]]])
         want = torch.log_softmax(forced[ref], -1)
         for q in lms:

@@ -6,10 +6,13 @@ a ``didChange`` followed by an inline-completion request, and a request still un
 next keystroke is cancelled with ``$/cancelRequest`` (what VS Code does). After the line's last
 character the client waits for the answer (the user paused).
 
-Latency is keystroke (didChange sent) -> response, for requests that were not superseded, i.e.
-answered before the next keystroke, plus every end-of-line request. Because an answer slower than
-the typing interval is superseded, that number is censored at the interval; ``pause_p50_ms`` /
-``pause_p99_ms`` (end-of-line requests only, never superseded) are the uncensored ones.
+Latency is keystroke (didChange sent) -> response. ``p50_ms`` / ``p99_ms`` take the requests that
+were not superseded, i.e. answered before the next keystroke, plus every end-of-line request: an
+answer slower than the typing interval is superseded, so these are censored at the interval (a p99
+near the interval says little). What typing meets is ``in_time_share``: the share of keystrokes
+within a line whose answer came before the next key. ``pause_p50_ms`` / ``pause_p99_ms`` (end-of-line
+requests only, never superseded, ``pauses`` of them) are uncensored. Percentiles are observed values
+(the next one up): with fewer than 100 samples a p99 is the largest.
 ``first_p50_ms`` / ``first_max_ms``: the first request in each file, sent right after ``didOpen``
 and awaited (the prompt is cold: nothing of this file is in the KV cache yet); it is not counted in
 the typing numbers. ``--consecutive N`` retypes N consecutive lines a file (the file opened with them
@@ -20,6 +23,9 @@ the context (not in the typing numbers either). ``--revisit``: after each file, 
 to the file before it (opened again as it was left) and awaits one request where its cursor was, as
 a user returning to a file meets it: ``revisit_p50_ms`` / ``revisit_max_ms`` (warm where the engine
 kept that prompt's KV: engine.slots; ``--prompt-slots 0`` turns that off), not in the typing numbers.
+Such a request repeats the file's last one, so the server's suggestion cache may answer it without
+the engine; ``revisit_engine_runs`` / ``revisit_engine_p50_ms`` / ``revisit_engine_max_ms`` are the
+returns the engine answered (the engine-run count read from ``draftline/status`` around each).
 ``stale_answers``: non-empty answers the server provably wrote after it knew of a newer version (an
 answer to a later version reached the client first; the pipe is FIFO); the server is built never to
 send one. ``crossed_answers``: non-empty answers that were on their way while the client sent a
@@ -143,6 +149,7 @@ class Sample:
     first: bool = False  # the first request after the file was opened (cold prompt)
     newline: bool = False  # the request right after Enter, awaited (--consecutive)
     revisit: bool = False  # back in the previous file, where its cursor was, awaited (--revisit)
+    engine_ran: bool = True  # (revisits) the engine answered it, not the server's suggestion cache
     hang: bool = False  # neither answered nor cancelled within the hang deadline (run_bench's hang_s)
     shown: bool = False  # non-empty and the document unchanged since the request: an editor shows it
     checked: bool = False  # `check` judged it (the storm's tags)
@@ -185,6 +192,8 @@ def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
     s = [x for x in run.samples if not (x.first or x.newline or x.revisit)]
     kept = [x for x in s if not x.superseded and x.outcome in ("text", "empty")]
     pauses = [x for x in s if x.end_of_line and x.outcome in ("text", "empty")]
+    mid_line = [x for x in s if not x.end_of_line]
+    engine_revisits = [x for x in revisits if x.engine_ran]
     judged = [x for x in kept if x.outcome == "text" and x.rest.strip()]
     exact = sum(1 for x in judged if x.suggestion.split("\n", 1)[0].rstrip() == x.rest.rstrip())
     useful = sum(1 for x in judged if x.rest.startswith(x.suggestion.split("\n", 1)[0]) and x.suggestion.strip())
@@ -197,7 +206,11 @@ def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
         "superseded": sum(1 for x in s if x.superseded),
         "errors": sum(1 for x in s if x.outcome in ("error", "timeout")),
         "p50_ms": percentile([x.latency_ms for x in kept], 50, 2),
-        "p99_ms": percentile([x.latency_ms for x in kept], 99, 2),
+        "p99_ms": percentile([x.latency_ms for x in kept], 99, 2),  # censored at the typing interval: see the docstring
+        # keystrokes within a line answered before the next one (the rest were superseded: slower than the gap)
+        "in_time_share": round(sum(1 for x in mid_line if not x.superseded and x.outcome in ("text", "empty"))
+                               / len(mid_line), 4) if mid_line else 0.0,
+        "pauses": len(pauses),  # the percentiles are observed values: with fewer than 100, p99 is the largest
         "pause_p50_ms": percentile([x.latency_ms for x in pauses], 50, 2),
         "pause_p99_ms": percentile([x.latency_ms for x in pauses], 99, 2),
         "first_p50_ms": percentile([x.latency_ms for x in firsts], 50, 2),
@@ -208,6 +221,11 @@ def summarize(run: Run, keys_per_s: float) -> dict[str, Any]:
         "revisits": len(revisits),
         "revisit_p50_ms": percentile([x.latency_ms for x in revisits], 50, 2),
         "revisit_max_ms": round(max((x.latency_ms for x in revisits), default=0.0), 2),
+        # a return at the very state of the file's last request can be answered from the suggestion cache;
+        # these are the returns the engine answered (the prompt slots' part)
+        "revisit_engine_runs": len(engine_revisits),
+        "revisit_engine_p50_ms": percentile([x.latency_ms for x in engine_revisits], 50, 2),
+        "revisit_engine_max_ms": round(max((x.latency_ms for x in engine_revisits), default=0.0), 2),
         "max_in_flight": status.get("generations", {}).get("max_in_flight", -1),
         "stale_answers": sum(1 for x in s if x.stale),
         "crossed_answers": sum(1 for x in s if x.crossed),
@@ -477,8 +495,10 @@ async def _revisit(client, t, loop, task: Task, typing: _Typing, run: Run, n: in
     col = len(text.split("\n")[line_no])
     client.text_document_did_open(t.DidOpenTextDocumentParams(
         text_document=t.TextDocumentItem(uri=uri, language_id="python", version=1, text=text)))
+    runs = (await _status(client)).get("prompt_cache", {}).get("runs", 0)
     ms, outcome, suggestion = await _await_request(client, t, loop, uri, line_no, col, f"bench-{n}-revisit", typing)
-    run.samples.append(Sample(ms, False, False, outcome, suggestion=suggestion, revisit=True))
+    ran = (await _status(client)).get("prompt_cache", {}).get("runs", 0) > runs
+    run.samples.append(Sample(ms, False, False, outcome, suggestion=suggestion, revisit=True, engine_ran=ran))
     client.text_document_did_close(t.DidCloseTextDocumentParams(text_document=t.TextDocumentIdentifier(uri=uri)))
 
 

@@ -219,7 +219,8 @@ class Cell:
     accepted: int = 0
     steps: int = 0
     by_position: list[list[int]] = field(default_factory=lambda: [[0, 0] for _ in range(MAX_POSITIONS)])
-    identical: bool = True
+    identical: bool = True  # equal to plain from the same cache state on every task, degenerate ones too
+    checked: int = 0  # tasks compared with plain (all of them: loops are where drafts could drift)
     prompt_tokens: int = 0
     recomputed: int = 0  # prompt tokens run through the target (the rest came from its KV cache)
 
@@ -261,6 +262,10 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
         for cache in caches:  # what each cache state costs in prompt work, over every task
             stats = runs[("plain", cache)][0].stats
             prompt_work[(task.scenario, cache)].append((stats.prompt_tokens, stats.prompt_tokens - stats.reused_tokens))
+        for (mode, cache), (res, _) in runs.items():  # lossless on every task, before any is set aside
+            cell = cells[(task.scenario, mode, cache)]
+            cell.checked += 1
+            cell.identical &= res.tokens == runs[("plain", cache)][0].tokens  # plain from the same state
         plain = runs[("plain", caches[0])][0]
         if plain.stop_reason == "repeat" or degenerate(plain.text):  # the engine cut a loop, or one got through
             degenerate_count[task.scenario] += 1
@@ -274,7 +279,6 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
             cell.seconds.append(elapsed)
             cell.prefill.append(res.stats.prefill_s)
             cell.tokens += len(res.tokens)
-            cell.identical &= res.tokens == runs[("plain", cache)][0].tokens  # lossless: plain from the same state
             cell.prompt_tokens += res.stats.prompt_tokens
             cell.recomputed += res.stats.prompt_tokens - res.stats.reused_tokens
             cell.proposed += sum(res.stats.proposed)
@@ -293,7 +297,8 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
     report["costs"] = measure_costs(engine, int(statistics.median(lengths)) if lengths else 512)
     if args.plot:
         _plots(report, Path(args.plot))
-    print(json.dumps(report, indent=2) if args.json else markdown_table(report) + "\n\n" + costs_table(report["costs"]))
+    print(json.dumps(report, indent=2) if args.json else
+          "\n\n".join((markdown_table(report), modes_table(report), costs_table(report["costs"]))))
     return 0
 
 
@@ -311,22 +316,24 @@ def _timed(engine, request: CompletionRequest, cache: str, spec: SpecConfig, dra
 
 def measure_costs(engine, context: int, ks=(1, 2, 4, 8, 16), reps: int = 15) -> dict:
     """What one step costs at `context` tokens: target forwards of k tokens (a plain step is k=1,
-    verifying a proposal of k-1 is k) and a draft forward of one token; medians of `reps`."""
+    verifying a proposal of k-1 is k) and a draft forward of one token; medians of `reps` rounds, each
+    round running every k once (the sizes interleaved, so a load that drifts meets them all alike)."""
     context = max(1, min(context, engine.capacity - max(ks) - 1))
     ids = [(7 + 31 * i) % engine.target.vocab_size for i in range(context)]  # the content does not change the cost
 
-    def median_ms(lm, k: int) -> float:
+    def medians_ms(lm, sizes) -> dict[int, float]:
         lm.reset()
         lm.prefill(ids)
-        times = []
+        times: dict[int, list[float]] = {k: [] for k in sizes}
         for _ in range(reps):
-            t0 = time.perf_counter()
-            lm.forward(ids[:k], keep_logits=None)
-            times.append(time.perf_counter() - t0)
-            lm.truncate(context)
-        return 1000 * statistics.median(times)
+            for k in sizes:
+                t0 = time.perf_counter()
+                lm.forward(ids[:k], keep_logits=None)
+                times[k].append(time.perf_counter() - t0)
+                lm.truncate(context)
+        return {k: 1000 * statistics.median(t) for k, t in times.items()}
 
-    target = {k: median_ms(engine.target_lm, k) for k in ks}
+    target = medians_ms(engine.target_lm, ks)
     out = {"context": context, "target_forward_ms": target,
            "verify_cost": {k: target[k] / target[1] for k in ks}}  # a k-token verify, in plain steps
     if getattr(engine.target_lm, "supports_tree", False):  # a 13-node tree (depth 4, 3 per level) vs its chain
@@ -346,21 +353,19 @@ def measure_costs(engine, context: int, ks=(1, 2, 4, 8, 16), reps: int = 15) -> 
         out["tree"] = {name: {"ms": 1000 * statistics.median(t), "plain_steps": statistics.median(t) / step}
                        for name, t in times.items()}
     chunk = getattr(engine.target_lm, "chunk", None)
-    if chunk:  # a cold prefill of the whole context: in chunks (what the engine does) and as one forward
-        prefill = {}
-        for name, size in (("chunked", chunk), ("one_forward", 0)):
-            engine.target_lm.chunk = size
-            times = []
-            for _ in range(3):
+    if chunk:  # a cold prefill of the whole context: in chunks (what the engine does) and as one forward, alternating
+        prefill: dict[str, list[float]] = {"chunked": [], "one_forward": []}
+        for _ in range(3):
+            for name, size in (("chunked", chunk), ("one_forward", 0)):
+                engine.target_lm.chunk = size
                 engine.target_lm.reset()
                 t0 = time.perf_counter()
                 engine.target_lm.prefill(ids)
-                times.append(time.perf_counter() - t0)
-            prefill[name] = 1000 * min(times)
+                prefill[name].append(time.perf_counter() - t0)
         engine.target_lm.chunk = chunk
-        out["prefill_ms"] = {**prefill, "chunk": chunk}
+        out["prefill_ms"] = {**{k: 1000 * statistics.median(v) for k, v in prefill.items()}, "chunk": chunk}  # medians of 3
     if engine.draft_lm is not None:
-        draft = median_ms(engine.draft_lm, 1)
+        draft = medians_ms(engine.draft_lm, (1,))[1]
         out.update(draft_forward_ms=draft, draft_cost_ratio=draft / target[1])
     engine.forget()
     return out
@@ -394,8 +399,8 @@ def costs_table(costs: dict) -> str:
                     f"{t['chain5']['plain_steps']:.2f} plain steps")
     if "prefill_ms" in costs:
         pf = costs["prefill_ms"]
-        rows.append(f"\ncold prefill of {costs['context']} tokens: {pf['chunked']:.0f} ms in {pf['chunk']}-token chunks, "
-                    f"{pf['one_forward']:.0f} ms as one forward")
+        rows.append(f"\ncold prefill of {costs['context']} tokens (medians of 3): {pf['chunked']:.0f} ms in {pf['chunk']}-token "
+                    f"chunks, {pf['one_forward']:.0f} ms as one forward")
     if "draft_forward_ms" in costs:
         rows.append(f"\ndraft forward of one token: {costs['draft_forward_ms']:.2f} ms = "
                     f"{costs['draft_cost_ratio']:.2f} of a plain target step")
@@ -425,6 +430,7 @@ def _modes_report(cells, s: str, modes, cache: str) -> dict:
             "recomputed_prompt_tokens_mean": c.recomputed / len(c.seconds) if c.seconds else 0.0,
             "tokens_mean": c.tokens / len(c.seconds) if c.seconds else 0.0,
             "identical": c.identical,
+            "identical_checked": c.checked,  # tasks compared, degenerate ones included
             "acceptance_by_position": [a / n if n else None for a, n in c.by_position],
         }
     return out
@@ -475,6 +481,20 @@ def markdown_table(report: dict) -> str:
             for s, d in report["scenarios"].items() if d.get("plain_differs_by_cache")))
 
 
+def modes_table(report: dict) -> str:
+    """Every mode of every scenario (the table above shows the best one): p50, p99 (over at most --n tasks:
+    with fewer than 100, the largest), speedup, acceptance, and the tasks checked identical to plain."""
+    head = report.get("headline_cache", "cold")
+    rows = [f"| task | mode | p50 | p99 | speedup ({head}) | decode speedup | acceptance | identical (tasks checked) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for s, data in report["scenarios"].items():
+        for m, r in data["modes"].items():
+            acc = "-" if r["acceptance"] is None else f"{100 * r['acceptance']:.1f} %"
+            rows.append(f"| {s} | {m} | {r['p50_ms']:.0f} ms | {r['p99_ms']:.0f} ms | {r['speedup']:.2f}x | "
+                        f"{r['decode_speedup']:.2f}x | {acc} | {r['identical']} ({r['identical_checked']}) |")
+    return "\n".join(rows)
+
+
 def _plots(report: dict, out: Path) -> None:
     import matplotlib
 
@@ -506,4 +526,4 @@ def _plots(report: dict, out: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "speedup.png", dpi=110)
-    (out / "table.md").write_text(markdown_table(report) + "\n\n" + costs_table(report["costs"]) + "\n")
+    (out / "table.md").write_text("\n\n".join((markdown_table(report), modes_table(report), costs_table(report["costs"]))) + "\n")

@@ -49,6 +49,8 @@ def test_revisit_goes_back_to_the_previous_file_where_its_cursor_was(tmp_path: P
     report = summarize(run, 60)
     back = [x for x in run.samples if x.revisit]
     assert len(back) == report["revisits"] == 1 and report["revisit_p50_ms"] > 0
+    # the return repeats the file's last request: the suggestion cache answers it (the fake answers every prompt)
+    assert not back[0].engine_ran and report["revisit_engine_runs"] == 0
     assert report["requests"] == sum(len(t.text.strip()) for t in tasks)  # not counted as typing
     first = tasks[0]  # the answer was computed at the end of the first file's retyped line, its text as on disk
     lines = first.path.read_text().split("\n")
@@ -91,9 +93,14 @@ def test_summary_arithmetic():
         Sample(30, False, False, "text", suggestion="other", rest="e)"),
         Sample(40, False, True, "empty"),
         Sample(900, False, False, "text", suggestion="x", rest="name)", first=True),  # kept apart from typing
+        Sample(5, False, False, "text", suggestion="y", revisit=True, engine_ran=False),  # the suggestion cache's
+        Sample(70, False, False, "text", suggestion="z", revisit=True),
     ]
     report = summarize(Run(samples=samples, status={"generations": {"max_in_flight": 1}}), 12)
     assert report["requests"] == 5 and report["answered"] == 4 and report["cancelled"] == 1
     assert report["p50_ms"] == 30 and report["p99_ms"] == 40 and report["pause_p50_ms"] == 40
     assert report["first_p50_ms"] == report["first_max_ms"] == 900
+    assert report["in_time_share"] == 0.75 and report["pauses"] == 1  # 3 of the 4 keys within the line in time
+    assert report["revisits"] == 2 and report["revisit_max_ms"] == 70
+    assert report["revisit_engine_runs"] == 1 and report["revisit_engine_p50_ms"] == report["revisit_engine_max_ms"] == 70
     assert report["judged"] == 3 and report["matched_exactly"] == round(1 / 3, 4) and report["matched_prefix"] == round(2 / 3, 4)

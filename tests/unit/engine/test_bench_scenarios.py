@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lsp_server.bench.scenarios import SPEC_MODES, degenerate, make_tasks, markdown_table
+from lsp_server.bench.scenarios import SPEC_MODES, degenerate, make_tasks, markdown_table, modes_table
 from lsp_server.cli import main
 
 
@@ -80,6 +80,7 @@ def test_bench_scenarios_json_plots_and_table(model_dirs, tmp_path, capsys):
             for mode, cell in modes.items():
                 assert {"p50_ms", "speedup", "acceptance", "identical"} <= cell.keys()
                 assert cell["identical"] is True, (name, mode, cache)
+                assert cell["identical_checked"] == data["tasks"] == 1  # degenerate tasks are checked too
         warm, cold = data["prompt"]["warm"], data["prompt"]["cold"]  # over every task, degenerate or not
         assert cold["recomputed_mean"] == cold["tokens_mean"] > 0
         assert warm["recomputed_mean"] < warm["tokens_mean"] / 4  # warm: only what the keystroke changed
@@ -91,3 +92,5 @@ def test_bench_scenarios_json_plots_and_table(model_dirs, tmp_path, capsys):
     assert (tmp_path / "table.md").read_text().startswith("| task |")
     assert "verify cost" in (tmp_path / "table.md").read_text()
     assert markdown_table(report).count("\n| ") == 2
+    assert modes_table(report).count("\n| ") == 2 * (len(SPEC_MODES) + 1)  # every mode, oracle included
+    assert "| single-line | plain |" in modes_table(report)
