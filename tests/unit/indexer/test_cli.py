@@ -55,3 +55,14 @@ def test_bench_retrieval_on_tiny_package(workspace, model2vec_embedder):
     assert set(result["modes"]) == {"bm25", "dense", "hybrid", "definitions"}
     assert result["modes"]["definitions"]["recall@1"] == 1.0
     assert set(result["modes"]["bm25"]) == {"recall@1", "recall@5", "recall@10"}
+
+
+def test_bench_index_reports_how_many_samples_each_percentile_has(workspace, model2vec_embedder):
+    from indexer.bench import bench_index
+
+    for i in range(6):
+        write(workspace, f"pkg/m{i}.py", "".join(f"def f{i}_{j}(x):\n    return x + {j}\n\n\n" for j in range(60)))
+    result = bench_index(workspace, updates=4, queries=7)
+    assert result["samples"] == {"updates": 4, "buffer_edits": 20, "queries": 7}
+    assert result["updates_searchable"] == "4/4"
+    assert result["update_p99_ms"] >= result["update_p50_ms"] > 0
