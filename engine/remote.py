@@ -11,6 +11,8 @@ httpx (sync) because the engine thread is a plain thread: a pooled Client keeps 
 between requests, and its streamed response hands over SSE lines as they arrive. A keystroke (the
 cancel event) or the deadline shuts the stream's socket from a small watcher thread, so a read
 blocked on a silent server returns at once; the server sees the disconnect and stops generating.
+The watcher learns the socket from the network backend (_WatchedBackend): the first byte a request
+writes or reads names its connection, a new one or a reused keep-alive one alike.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
+import httpcore
 import httpx
 
 from engine.prompt import TEMPLATES, FimTemplate, PromptBudget, PromptBuilder
@@ -191,12 +194,9 @@ class _Watch:
         self._thread = threading.Thread(target=self._run, name="draftline-remote-watch", daemon=True)
         self._thread.start()
 
-    def trace(self, event: str, info: dict) -> None:
-        """httpcore's trace hook: a new connection's socket is known before any response header."""
-        if event == "connection.connect_tcp.complete" and info.get("return_value") is not None:
-            self.attach(info["return_value"].get_extra_info("socket"))
-
     def attach(self, sock: socket.socket | None) -> None:
+        if sock is self._sock:  # every read and write reports its socket; only a change needs the lock
+            return
         with self._lock:
             self._sock = sock
             if self.fired:
@@ -227,6 +227,61 @@ class _Watch:
                 pass
 
 
+class _WatchedStream(httpcore.NetworkStream):
+    """A connection's stream that names its socket to the current request's watcher on every use."""
+
+    def __init__(self, backend: _WatchedBackend, inner: httpcore.NetworkStream):
+        self._backend, self._inner = backend, inner
+
+    def _report(self) -> None:
+        if (watch := self._backend.watch) is not None:
+            watch.attach(self._inner.get_extra_info("socket"))
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        self._report()
+        return self._inner.read(max_bytes, timeout)
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._report()
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context, server_hostname: str | None = None, timeout: float | None = None) -> _WatchedStream:
+        return _WatchedStream(self._backend, self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class _WatchedBackend(httpcore.NetworkBackend):
+    """httpcore's sync backend, its streams reporting to ``watch`` (the request in flight, or None).
+
+    httpcore's trace hook names a socket only when a connection is opened (connect_tcp): a request on a
+    reused keep-alive connection, every one after the first, would have no socket to shut before the
+    response headers, and a cancel while the server is silent until then would wait for the timeout.
+    """
+
+    def __init__(self) -> None:
+        self._inner = httpcore.SyncBackend()
+        self.watch: _Watch | None = None
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
+                    socket_options=None) -> _WatchedStream:
+        stream = _WatchedStream(self, self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+        stream._report()  # before the TLS handshake, which may stall too
+        return stream
+
+    def connect_unix_socket(self, path: str, timeout: float | None = None, socket_options=None) -> _WatchedStream:
+        stream = _WatchedStream(self, self._inner.connect_unix_socket(path, timeout, socket_options))
+        stream._report()
+        return stream
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
 class RemoteEngine:
     """Completes on a remote OpenAI-compatible server; one caller thread at a time (the engine thread)."""
 
@@ -247,8 +302,16 @@ class RemoteEngine:
         self.template = replace(family, order="none") if cfg.fim == "suffix" else family
         self.prompts = PromptBuilder(self.template, CharTokenizer(), PromptBudget(total=cfg.prompt_chars))
         # trust_env=False: no proxy variables (loopback must stay loopback) and no credentials from ~/.netrc
-        self.client = httpx.Client(headers=headers, trust_env=False, timeout=cfg.timeout_ms / 1e3,
-                                   limits=httpx.Limits(max_keepalive_connections=4, keepalive_expiry=60.0))
+        transport = httpx.HTTPTransport(trust_env=False, limits=httpx.Limits(max_keepalive_connections=4,
+                                                                             keepalive_expiry=60.0))
+        self._backend = _WatchedBackend()
+        pool = getattr(transport, "_pool", None)  # httpx has no parameter for httpcore's backend
+        if pool is not None and hasattr(pool, "_network_backend"):
+            pool._network_backend = self._backend
+        else:  # another httpx: sockets are then learned only from response headers (a stall before them waits out the timeout)
+            log.warning("remote: this httpx has no connection pool backend to watch; a cancel before the "
+                        "response headers waits for the timeout")
+        self.client = httpx.Client(headers=headers, trust_env=False, timeout=cfg.timeout_ms / 1e3, transport=transport)
         self.stats = RemoteStatus()
         self._paused_until = 0.0
         self.last_prompt = ""
@@ -334,10 +397,10 @@ class RemoteEngine:
         rules = _StopRules(pieces, self._stop_strings(request), max_lines, request.limits.time_budget_s,
                            request.limits.min_indent)
         reason, done = "", False
-        watch = _Watch(cancel, time.monotonic() + self.cfg.timeout_ms / 1e3)
+        watch = self._backend.watch = _Watch(cancel, time.monotonic() + self.cfg.timeout_ms / 1e3)
         try:
-            with self.client.stream("POST", self.endpoint, json=body, extensions={"trace": watch.trace}) as response:
-                watch.attach(response.extensions["network_stream"].get_extra_info("socket"))
+            with self.client.stream("POST", self.endpoint, json=body) as response:
+                watch.attach(response.extensions["network_stream"].get_extra_info("socket"))  # the same one, normally
                 _check_status(response)
                 for kind, value in _events(response):
                     if kind == "usage":
@@ -378,6 +441,7 @@ class RemoteEngine:
             else:
                 raise RemoteFailure("connection", f"the stream broke after {len(pieces.items)} piece(s): {exc}") from None
         finally:
+            self._backend.watch = None
             watch.stop()
         if not done and (watch.fired == "cancelled" or cancel.is_set()):
             reason = "cancelled"

@@ -135,34 +135,101 @@ def resolve_config(
     init_options: Mapping[str, Any] | None = None,
     client_settings: Mapping[str, Any] | None = None,
 ) -> Config:
-    """defaults < user TOML < workspace TOML(s) < initializationOptions < didChangeConfiguration."""
-    layers: list[Mapping[str, Any]] = [read_toml(user_file or user_config_path())]
-    layers += [_without_remote(read_toml(root / WORKSPACE_FILE), root) for root in workspace_roots]
-    layers += [_unwrap(init_options), _unwrap(client_settings)]
-    merged: dict[str, Any] = {}
-    for layer in layers:
-        _deep_merge(merged, layer)
+    """defaults < user TOML < workspace TOML(s) < initializationOptions < didChangeConfiguration.
+
+    A workspace file comes with whatever repository was cloned, so it is not trusted like the rest:
+    _workspace_layer drops what it may not set, and _distrust what a user's setting would do for a model
+    it chose."""
+    user = read_toml(user_file or user_config_path())
+    workspace = [_workspace_layer(read_toml(root / WORKSPACE_FILE), root) for root in workspace_roots]
+    editor = [_unwrap(init_options), _unwrap(client_settings)]
+    merged = _merge([user, *workspace, *editor])
+    if any(workspace) and _chosen_models(merged) != _chosen_models(_merge([user, *editor])):
+        _distrust(merged)
     return _build(Config, merged)
 
 
-def _without_remote(layer: dict[str, Any], root: Path) -> dict[str, Any]:
-    """A workspace file may not choose the remote server (model.remote, or a route's): a cloned
-    repository could otherwise send the user's code, and the key an environment variable holds, to a
-    host of its choosing."""
-    model = layer.get("model")
+def _merge(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        _deep_merge(merged, layer)
+    return merged
+
+
+# What a workspace file may not set: a cloned repository is not the user. Each key maps to the one value
+# a workspace may still give it (a tightening), None for none.
+_WORKSPACE_DENIED_MODEL = {"remote": None}  # where the user's code, and the key an env variable holds, go
+# transformers would import and run the Python of the model's repository (engine.model)
+_WORKSPACE_DENIED_MODEL_OPTIONS = {"trust_remote_code": False}
+_WORKSPACE_DENIED_INDEX_OPTIONS = {
+    "cache_dir": None,  # the index database is created there (any path the user can write) and read back
+    "model_cache_dir": None,  # the embedder's model is written and loaded there
+    "follow_symlinks": False,  # a symlink in the repository could reach any file of the user's
+    "exclude_secrets": True,  # the secret filter keeps keys out of the index, the prompts and the suggestions
+    "secret_name_patterns": None,
+    "secret_content_patterns": None,
+}
+
+
+def _workspace_layer(layer: dict[str, Any], root: Path) -> dict[str, Any]:
+    """A workspace file's layer without the keys a cloned repository may not choose (above); each one
+    dropped is logged. The user config and the editor's settings keep every key."""
+    dropped: list[str] = []
+
+    def strip(table: Any, where: str, denied: Mapping[str, Any]) -> Any:
+        if not isinstance(table, dict):
+            return table
+        kept = {}
+        for key, value in table.items():
+            if key in denied and (denied[key] is None or value is not denied[key]):  # `is`: 0 is not False
+                dropped.append(f"{where}.{key}")
+            else:
+                kept[key] = value
+        return kept
+
+    def strip_model(table: Any, where: str) -> Any:  # the model table, or one route's
+        table = strip(table, where, _WORKSPACE_DENIED_MODEL)
+        if isinstance(table, dict) and "options" in table:
+            table["options"] = strip(table["options"], f"{where}.options", _WORKSPACE_DENIED_MODEL_OPTIONS)
+        return table
+
+    out = dict(layer)
+    if isinstance(model := layer.get("model"), dict):
+        out["model"] = model = strip_model(model, "model")
+        if isinstance(routes := model.get("routes"), dict):
+            model["routes"] = {name: strip_model(route, f"model.routes.{name}") for name, route in routes.items()}
+    if isinstance(index := layer.get("index"), dict) and "options" in index:
+        out["index"] = {**index, "options": strip(index["options"], "index.options", _WORKSPACE_DENIED_INDEX_OPTIONS)}
+    for key in dropped:
+        log.warning("%s: ignoring %s (a workspace file may not set it; set it in the user config or the "
+                    "editor's settings)", root / WORKSPACE_FILE, key)
+    return out
+
+
+def _model_tables(merged: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The model table and each route's, by dotted name."""
+    model = merged.get("model")
     if not isinstance(model, dict):
-        return layer
-    if "remote" in model:
-        log.warning("%s: ignoring model.remote (set it in the user config or the editor's settings)",
-                    root / WORKSPACE_FILE)
-        model = {k: v for k, v in model.items() if k != "remote"}
-    routes = model.get("routes")
-    if isinstance(routes, dict) and any(isinstance(r, dict) and "remote" in r for r in routes.values()):
-        log.warning("%s: ignoring the routes' remote servers (set them in the user config or the editor's "
-                    "settings)", root / WORKSPACE_FILE)
-        model = {**model, "routes": {name: ({k: v for k, v in r.items() if k != "remote"} if isinstance(r, dict) else r)
-                                     for name, r in routes.items()}}
-    return {**layer, "model": model}
+        return {}
+    routes = model.get("routes") if isinstance(model.get("routes"), dict) else {}
+    return {"model": model, **{f"model.routes.{n}": r for n, r in routes.items() if isinstance(r, dict)}}
+
+
+def _chosen_models(merged: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """(target, draft) of each table that names one (a route without either runs the model table's)."""
+    return {where: (t.get("target"), t.get("draft")) for where, t in _model_tables(merged).items()
+            if t.get("target") is not None or t.get("draft") is not None}
+
+
+def _distrust(merged: dict[str, Any]) -> None:
+    """A workspace file picked a model (target or draft): the user's trust_remote_code was given to the
+    user's models, not to one a cloned repository names, so it is turned off everywhere."""
+    for where, table in _model_tables(merged).items():
+        options = table.get("options")
+        if isinstance(options, dict) and options.get("trust_remote_code") not in (None, False):
+            table["options"] = {k: v for k, v in options.items() if k != "trust_remote_code"}
+            log.warning("ignoring %s.options.trust_remote_code: a workspace file (%s) chose the model",
+                        where, WORKSPACE_FILE)
 
 
 def _unwrap(layer: Mapping[str, Any] | None) -> Mapping[str, Any]:

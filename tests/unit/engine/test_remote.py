@@ -94,6 +94,22 @@ def test_cancel_before_any_header(server: SSEServer):
     assert not thread.is_alive() and box["result"].cancelled
 
 
+def test_cancel_before_any_header_on_a_reused_connection(server: SSEServer):
+    # no connect happens on a kept-alive connection, so its socket must be known from the request's first write
+    eng, cancel = engine(server, timeout_ms=20_000), threading.Event()
+    assert eng.complete(REQUEST, threading.Event()).text == "return a + b"
+    server.mode = "stall_headers"
+    thread, box = run_in_thread(lambda: eng.complete(REQUEST, cancel))
+    while len(server.requests) < 2:
+        thread.join(0.01)
+    started = time.monotonic()
+    cancel.set()
+    thread.join(SLACK_S)
+    assert not thread.is_alive() and box["result"].cancelled
+    assert time.monotonic() - started < SLACK_S  # the 20 s timeout did not end it
+    assert server.connections == 1  # the second request did reuse the first's connection
+
+
 @pytest.mark.parametrize("stall_after", [0, 2])
 def test_a_stalled_server_times_out(server: SSEServer, stall_after: int, caplog):
     server.mode, server.stall_after = "stall", stall_after

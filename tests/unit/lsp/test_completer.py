@@ -141,7 +141,8 @@ def test_cli_complete_prints_json(tmp_path, capsys, monkeypatch):
     src = tmp_path / "a.py"
     src.write_text("def add(a, b):\n    return a\n")
     (tmp_path / "b.py").write_text("def add_numbers(a, b):\n    return a + b\n")
-    (tmp_path / ".draftline.toml").write_text(f'[index.options]\nembedder = "none"\ncache_dir = "{tmp_path / "cache"}"\n')
+    monkeypatch.setenv("DRAFTLINE_CACHE_DIR", str(tmp_path / "cache"))  # a workspace file may not set cache_dir
+    (tmp_path / ".draftline.toml").write_text('[index.options]\nembedder = "none"\n')
     code = main(["complete", f"{src}:2:13", "--workspace", str(tmp_path), "--json", "--target", "fake"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0 and out["text"] == "fake_27_a"
@@ -161,7 +162,8 @@ def test_cli_complete_prompt_shows_what_the_model_gets(tmp_path, capsys, monkeyp
 
     src = tmp_path / "a.py"
     src.write_text("import os\n\ndef add(a, b):\n    return a\n")
-    (tmp_path / ".draftline.toml").write_text(f'[index.options]\nembedder = "none"\ncache_dir = "{tmp_path / "cache"}"\n')
+    monkeypatch.setenv("DRAFTLINE_CACHE_DIR", str(tmp_path / "cache"))  # a workspace file may not set cache_dir
+    (tmp_path / ".draftline.toml").write_text('[index.options]\nembedder = "none"\n')
     assert main(["complete", f"{src}:4:13", "--workspace", str(tmp_path), "--target", "tiny", "--prompt"]) == 0
     out = capsys.readouterr().out
     prompt = out.split("-" * 40)[0]
