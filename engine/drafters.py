@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Protocol, Sequence
 
 import torch
@@ -13,7 +14,11 @@ class Drafter(Protocol):
     name: str
 
     def propose(self, tokens: Sequence[int], k: int) -> list[int]:
-        """Up to k guesses for what follows `tokens` (may be empty)."""
+        """Up to k guesses for what follows `tokens` (may be empty).
+
+        Per-request state a model drafter needs (temperature, its random generator, the request's
+        cancel flag) is set on it by Engine.complete, so that every drafter keeps this signature:
+        benchmarks pass drafters of their own (lsp_server.bench.scenarios.OracleDrafter)."""
         ...
 
     def feedback(self, accepted: int, proposed: int) -> None:
@@ -175,6 +180,12 @@ class ModelDrafter:
         self.p_min = p_min  # stop drafting when the draft's top-1 probability falls below this
         self.last_probs: torch.Tensor | None = None  # (k, V) draft distributions of the last proposal
         self.temperature = 0.0
+        # sampled guesses draw from this (the engine's draft stream, seeded from SpecConfig.seed), so that
+        # a seed reproduces sampled output; None: torch's global generator
+        self.generator: torch.Generator | None = None
+        # the request's cancel flag (Engine.complete sets it): a cold prefill of a long prompt runs in
+        # chunks and stops between them, as the target's does; None: one uninterruptible prefill
+        self.cancel: threading.Event | None = None
         # ids the draft cannot embed (target-only rows, e.g. Qwen2.5-Coder 7B's padding above 151,936)
         rows = getattr(lm, "rows", None)  # the lean decoder knows; transformers' model says
         self.rows = int(rows if rows is not None else lm.model.get_input_embeddings().weight.shape[0])
@@ -185,13 +196,15 @@ class ModelDrafter:
             return []
         if max(tokens) >= self.rows:
             tokens = [t if t < self.rows else 0 for t in tokens]  # drafts get worse, never wrong
-        logits, _ = self.lm.prefill(tokens)  # (V,)
+        logits, _ = self.lm.prefill(tokens, self.cancel)  # (V,)
+        if logits is None:  # cancelled between prefill chunks; the loop sees the flag next
+            return []
         out: list[int] = []
         probs: list[torch.Tensor] = []
         for i in range(k):
             p = _probs(logits, self.temperature)
             if self.temperature > 0:
-                tok = int(torch.multinomial(p, 1))
+                tok = int(torch.multinomial(p, 1, generator=self.generator))
             else:
                 tok = int(torch.argmax(logits))
             # the draft's own probability of its token (greedy: of its argmax, not the one-hot 1.0):
@@ -223,7 +236,9 @@ class ModelDrafter:
             return chain, list(range(-1, len(chain) - 1))
         if max(tokens) >= self.rows:
             tokens = [t if t < self.rows else 0 for t in tokens]
-        logits, _ = self.lm.prefill(tokens)
+        logits, _ = self.lm.prefill(tokens, self.cancel)
+        if logits is None:  # cancelled between prefill chunks
+            return [], []
         per_level = -(-max_nodes // depth)
         toks: list[int] = []
         parents: list[int] = []

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,7 +33,7 @@ import torch
 
 from engine.bundled import MODELS_DIR
 from engine.lean import LeanLM, Linear
-from engine.model import common_prefix_len
+from engine.model import CANCEL_CHUNK, common_prefix_len
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,8 @@ class EagleDrafter:
     loop's state). The draft catches up on the pairs it has not seen (the prompt's, on a first
     request; the last verify's accepted tokens, later) and then guesses k tokens one step each.
     When the target's cache is not tokens[:-1] (nothing to read features from), it proposes nothing.
+    With `cancel` set (Engine.complete sets the request's flag), a long catch-up runs in chunks and
+    stops between them, as a prefill does; the pairs done stay for the next call.
     """
 
     name = "eagle"
@@ -166,6 +169,8 @@ class EagleDrafter:
         self.target, self.lm, self.p_min = target, lm, p_min
         self.last_probs: torch.Tensor | None = None  # greedy guesses: one-hot, which accept_sampled handles
         self.temperature = 0.0
+        self.generator: torch.Generator | None = None  # set as on ModelDrafter; greedy guesses draw nothing
+        self.cancel: threading.Event | None = None  # the request's cancel flag (Engine.complete sets it)
         self.rows = lm.rows
 
     @torch.inference_mode()
@@ -178,7 +183,9 @@ class EagleDrafter:
         want = list(tokens[1:])  # pair p holds the token at p + 1, for p = 0 .. n - 2
         common = min(common_prefix_len(lm.tokens, want), n - 2)
         lm.truncate(common)
-        logits = lm.forward_pairs(want[common:], target.hidden[common : n - 1])[-1]
+        logits = self._catch_up(want, common, n - 1)
+        if logits is None:  # cancelled between chunks; the loop sees the flag next
+            return []
         out: list[int] = []
         pos = n - 2  # the pair whose output guesses the next token
         for i in range(k):
@@ -191,6 +198,21 @@ class EagleDrafter:
                 pos += 1
         lm.truncate(n - 1)  # keep the pairs of true features only: guessed ones are redone with the target's
         return out
+
+    def _catch_up(self, want: list[int], start: int, end: int) -> torch.Tensor | None:
+        """Run pairs start .. end - 1 (want's tokens, the target's features); the last one's logits, or
+        None when the cancel flag is set between chunks (a first request's catch-up is the whole prompt)."""
+        lm, feats = self.lm, self.target.hidden
+        if self.cancel is not None:
+            step = lm.chunk or CANCEL_CHUNK
+            while end - start > step:
+                if self.cancel.is_set():
+                    return None
+                lm.forward_pairs(want[start : start + step], feats[start : start + step])
+                start += step
+            if self.cancel.is_set():
+                return None
+        return lm.forward_pairs(want[start:end], feats[start:end])[-1]
 
     def propose_tree(self, tokens: Sequence[int], max_nodes: int, depth: int,
                      branch: int) -> tuple[list[int], list[int]]:

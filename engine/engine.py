@@ -93,6 +93,10 @@ class Engine:
         self.hybrid = HybridDrafter(self.ngram, self.model_drafter, config.spec.min_ngram) if self.model_drafter else None
         self.history: deque[list[int]] = deque(maxlen=config.remember_completions)
         self.generator = torch.Generator().manual_seed(config.spec.seed)
+        # a sampling draft model draws from a stream of its own, derived from the same seed: a seed
+        # reproduces sampled output whatever else used torch's global generator, and the target's
+        # stream (first token, accept/reject, residuals) is not shifted by how many guesses the draft drew
+        self.draft_generator = torch.Generator().manual_seed((config.spec.seed + DRAFT_SEED_OFFSET) % (1 << 64))
         # each id's text, for token healing (~0.25 s for 49k ids: paid at load, not by the first request)
         self._token_texts: list[str] | None = self._vocab_texts() if self.template.order == "none" else None
         self._healing: dict[str, torch.Tensor] = {}
@@ -161,9 +165,10 @@ class Engine:
         drafter = None if self.speculation_off else (drafter or self.drafter_for(spec))
         self.ngram.set_extra(list(self.history))
         self.ngram.min_n = spec.ngram_min
-        if self.model_drafter:
+        if self.model_drafter:  # the request's settings (attach() may have replaced the drafter since load)
             self.model_drafter.temperature = spec.temperature
             self.model_drafter.p_min = spec.draft_confidence
+            self.model_drafter.generator = self.draft_generator
         gamma = self._gamma_policy(spec, request, prompt.prefix_chars)
         self.slots.choose([self.target_lm, *([self.draft_lm] if self.draft_lm else [])], prompt_tokens)
         draft_before = self.draft_lm.forwards if self.draft_lm else 0
@@ -175,11 +180,17 @@ class Engine:
             elif why not in _SAID_NO_TREE:
                 _SAID_NO_TREE.add(why)
                 log.info("token trees off: %s", why)
-        tokens, reason = run(
-            self.target_lm, prompt_tokens, drafter, max_new_tokens=min(limits.max_tokens, room - 1), cancel=cancel,
-            gamma=gamma, eos=self.eos, stop_check=rules, temperature=spec.temperature,
-            generator=self.generator, stats=stats, first_allowed=allowed,
-        )
+        if self.model_drafter:
+            self.model_drafter.cancel = cancel  # its cold prefill stops between chunks, as the target's does
+        try:
+            tokens, reason = run(
+                self.target_lm, prompt_tokens, drafter, max_new_tokens=min(limits.max_tokens, room - 1),
+                cancel=cancel, gamma=gamma, eos=self.eos, stop_check=rules, temperature=spec.temperature,
+                generator=self.generator, stats=stats, first_allowed=allowed,
+            )
+        finally:
+            if self.model_drafter:
+                self.model_drafter.cancel = None  # a later direct use must not see this request's flag
         stats.draft_forwards = (self.draft_lm.forwards if self.draft_lm else 0) - draft_before
         stats.generated_tokens = len(tokens)
         del stats.token_logprobs[len(tokens):]  # the last chosen token may not have been emitted
@@ -260,9 +271,12 @@ class Engine:
         return known
 
     def _vocab_texts(self) -> list[str]:
-        """The text of every id the target's logits cover (a draft's smaller vocabulary may cut them)."""
+        """The text of every id the target's logits cover: healing's allowed ids index those logits,
+        which a draft's smaller vocabulary cuts (make_lm's vocab_limit)."""
         tok = self.target.tokenizer
         n = min(self.target.vocab_size, len(tok))
+        if (limit := getattr(self.target_lm, "vocab_limit", None)) is not None:
+            n = min(n, limit)
         backend = getattr(tok, "_tokenizer", None)
         if backend is not None and hasattr(backend, "decode_batch"):  # the Rust tokenizer: 0.22 s vs 0.29 s
             return backend.decode_batch([[i] for i in range(n)], skip_special_tokens=False)
@@ -272,6 +286,8 @@ class Engine:
         if spec.schedule == "fixed":
             return FixedGamma(spec.gamma)
         if spec.schedule == "grow":
+            # starts at 8 whatever spec.gamma says: the powers of two the README's ngram-grow numbers
+            # were measured with (bench scenarios' mode leaves gamma at its default, 5)
             return GrowingGamma()
         if spec.schedule == "ast":
             tracker = DepthTracker(request.language)
@@ -282,6 +298,7 @@ class Engine:
 
 
 BACKENDS = ("auto", "lean", "transformers", "llamacpp")
+DRAFT_SEED_OFFSET = 1 << 32  # the draft's generator: seed + this (not seed + 1, another run's target seed)
 # words that follow a cut in code; a token the tokenizer keeps whole before each of them needs no healing
 BOUNDARY_PROBES = ("x", "self", "return", "value", "i", "1", "(", "_", '"', "[", "=", ".", ":", "s")
 

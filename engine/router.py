@@ -128,7 +128,9 @@ def tensor_bytes(engine: Any) -> int:
 
     for lm in (getattr(engine, "target_lm", None), getattr(engine, "draft_lm", None)):
         walk(lm, 0)
-        cache = getattr(lm, "cache", None)  # transformers' DynamicCache on the CachedLM path
+        # CachedLM's DynamicCache (`_cache`): named here so its KV counts however deep the walk
+        # reaches; a storage the walk already saw is not added twice
+        cache = getattr(lm, "_cache", None)
         for layer in getattr(cache, "layers", ()) or ():
             walk([getattr(layer, "keys", None), getattr(layer, "values", None)], 0)
     walk(getattr(getattr(engine, "slots", None), "kept", None), 0)  # earlier prompts' KV copies (engine.slots)
@@ -156,7 +158,6 @@ class Router:
         self.models, self.routes, self.confidence, self.clock = dict(models), dict(routes), confidence, clock
         self.overrides: dict[str, Any] = {}
         self.base_spec = None  # one spec per model: the monitor's plain self-check stays off
-        self.lock = threading.Lock()
         self.models[self.routes["line"].model].get()  # the line model answers from the first request
 
     # -- the engine API ------------------------------------------------------------------------------

@@ -58,7 +58,8 @@ class AdaptiveGamma:
 class GrowingGamma:
     """For copying drafters (n-gram): double the draft length while whole proposals are accepted,
     halve it on a rejection. On a small model a verify forward of 16 tokens costs little more than
-    one of a single token, so a long copy is verified in long strides rather than 8 at a time."""
+    one of a single token, so a long copy is verified in long strides rather than 8 at a time.
+    The engine starts it at 8 (SpecConfig.gamma is not read), so that it moves among 2, 4, 8, 16."""
 
     def __init__(self, initial: int = 8, lo: int = 2, hi: int = 16):
         self._gamma, self.lo, self.hi = initial, lo, hi

@@ -6,7 +6,7 @@ and dynamo), most of a warm start. For a directory whose tokenizer is a plain `t
 add nothing of their own), the `tokenizers` library alone gives the same ids and texts; this class
 is the slice of the transformers tokenizer API draftline uses. Other tokenizer classes (SentencePiece
 ones, Llama's legacy handling, ...) return None from `load`, and transformers loads them as before.
-tests/unit/engine/test_tokenizer.py checks it against AutoTokenizer on the models at hand.
+tests/unit/engine/test_light_load.py checks it against AutoTokenizer on the models at hand.
 """
 
 from __future__ import annotations

@@ -37,7 +37,9 @@ class SpecConfig:
     # the drafter of single-line requests ("" = drafter); where a verify costs several plain steps
     # and one-line answers are short, not drafting them wins (bench scenarios)
     single_line_drafter: Literal["", "none", "ngram", "draft", "hybrid"] = ""
-    gamma: int = 5  # initial (and, with schedule="fixed", the only) draft length
+    # the draft length: the only one with schedule="fixed", the starting one with adaptive and ast;
+    # "grow" ignores it and starts at 8 (engine.speculative.GrowingGamma: the README's ngram-grow numbers)
+    gamma: int = 5
     # fixed | adaptive: min(8, max(2, round(acceptance * 10))) over a window |
     # ast: syntax-aware: nesting depth > 5 or acceptance < 0.5 -> 3, acceptance > 0.8 -> 7, else adaptive
     schedule: Literal["fixed", "adaptive", "ast", "grow"] = "adaptive"

@@ -59,10 +59,15 @@ def test_the_readme_demo(engine):
 
 def test_speculation_equals_plain_greedy(engine):
     """From the same cache state (a prompt prefilled in 256-token chunks runs the dense bf16 weights,
-    decode and verify the int8 ones, so each run starts cold, as the benchmarks' runs do)."""
+    decode and verify the int8 ones, so each run starts cold, as the benchmarks' runs do). On code
+    that repeats itself the n-gram drafter must have drafted, and been right some of the time: else
+    the equality would be that of plain decoding with itself."""
     text = (DEMO / "shapes.py").read_text()
-    for cut in (len(text) // 3, len(text) // 2, len(text) - 40):
-        req = CompletionRequest(prefix=text[:cut], suffix=text[cut:], path="shapes.py", mode="multi-line",
+    cases = [(text[:cut], text[cut:], "shapes.py") for cut in (len(text) // 3, len(text) // 2, len(text) - 40)]
+    rows = "".join(f"    registry.register('handler_{i}', Handler{i}(), priority={i})\n" for i in range(6))
+    repetitive = ("def setup(registry):\n" + rows + "    registry.register('handler_6", "\n", "setup.py")
+    for prefix, suffix, path in [*cases, repetitive]:
+        req = CompletionRequest(prefix=prefix, suffix=suffix, path=path, mode="multi-line",
                                 limits=Limits(max_tokens=32, max_lines=4))
         engine.forget()
         plain = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
@@ -70,6 +75,8 @@ def test_speculation_equals_plain_greedy(engine):
             engine.forget()
             res = engine.complete(req, threading.Event(), spec)
             assert res.tokens == plain.tokens and res.text == plain.text
+            if path == "setup.py":
+                assert sum(res.stats.proposed) > 0 and sum(res.stats.accepted) > 0, (spec, plain.text)
 
 
 def test_token_healing_on_a_fresh_indented_line(engine):

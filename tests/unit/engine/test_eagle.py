@@ -135,6 +135,30 @@ def test_the_drafter_proposes_nothing_it_cannot_read_features_for():
     assert torch.equal(a, lm.forward_pairs([2, 3], target.hidden[:2]))
 
 
+def test_a_cancel_during_the_catch_up_stops_it_between_chunks():
+    """A first request's catch-up runs the whole prompt's pairs: with the request's cancel flag it runs in
+    the decoder's chunks and stops between them, and the pairs done serve the next call."""
+    target = LeanLM(_model("none"), CPU, max_len=256, chunk=64)
+    drafter = EagleDrafter(target, _draft(target))
+    prompt = [(7 * i + 3) % 96 for i in range(200)]
+    target.prefill(prompt[:-1])
+    event = threading.Event()
+    real = drafter.lm.forward_pairs
+
+    def forward_pairs(tokens, feats, keep=1):
+        event.set()  # cancelled while the draft runs its first chunk
+        return real(tokens, feats, keep)
+
+    drafter.lm.forward_pairs, drafter.cancel = forward_pairs, event
+    assert drafter.propose(prompt, 4) == [] and len(drafter.lm.tokens) == 64
+    del drafter.lm.forward_pairs
+    event.clear()
+    fresh = EagleDrafter(target, _draft(target))
+    assert drafter.propose(prompt, 4) == fresh.propose(prompt, 4)
+    assert drafter.lm.tokens == fresh.lm.tokens == prompt[1:]
+    assert torch.allclose(drafter.lm.hidden[:199], fresh.lm.hidden[:199], atol=1e-5)
+
+
 def test_the_head_drafts_only_its_ids():
     target = _target(_model("none"))
     ids = list(range(0, 96, 3))

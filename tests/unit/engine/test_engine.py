@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import itertools
 import threading
 
 import pytest
@@ -142,12 +145,25 @@ def test_plain_equals_transformers_generate(engine):
         assert len(ours.tokens) == len(ref) or ours.stop_reason == "repeat"  # a random model loops: cut early
 
 
-def test_time_budget_fires_only_after_a_full_line(engine):
-    req = CompletionRequest(prefix="def f():\n", uri="tb", limits=Limits(max_tokens=60, time_budget_s=1e-9))
-    res = engine.complete(req, threading.Event())
-    assert res.stop_reason in ("time", "eos", "max_tokens")
-    if res.stop_reason == "time":
-        assert "\n" in engine.target.tokenizer.decode(list(res.tokens))
+def test_time_budget_fires_only_after_a_full_line(engine, monkeypatch):
+    """With the stop rules' clock always past the budget, generation runs exactly to the token that
+    completes the first line (plain or speculative); with a clock that never passes it, to the end."""
+    from types import SimpleNamespace
+
+    from engine import stops
+
+    tok = engine.target.tokenizer
+    req = CompletionRequest(prefix="def f():\n", uri="tb", limits=Limits(max_tokens=60))
+    plain = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
+    first_line = next((i + 1 for i in range(len(plain.tokens)) if "\n" in tok.decode([plain.tokens[i]])), None)
+    assert first_line and first_line < len(plain.tokens), "the answer needs a line break before its end"
+    timed = dataclasses.replace(req, limits=Limits(max_tokens=60, time_budget_s=1.0))
+    for clock, want, reason in ((itertools.count(0.0, 10.0), plain.tokens[:first_line], "time"),
+                                (itertools.repeat(0.0), plain.tokens, plain.stop_reason)):
+        monkeypatch.setattr(stops, "time", SimpleNamespace(perf_counter=functools.partial(next, clock)))
+        for drafter in ("none", "hybrid"):
+            res = engine.complete(timed, threading.Event(), SpecConfig(drafter=drafter))
+            assert (res.tokens, res.stop_reason) == (want, reason), (reason, drafter)
 
 
 def test_scope_end_rule():
@@ -346,3 +362,74 @@ def test_a_token_the_tokenizer_keeps_whole_before_any_word_is_not_healed(model_d
         else:
             assert healed and healed_tokens[:-1] == tokens[: len(healed_tokens) - 1]
     assert seen == {True, False}  # this tokenizer has both kinds: "\n    " stays whole, " " merges into " ="
+
+
+def test_gamma_starts_each_schedule_but_grow_which_starts_at_8(engine):
+    """SpecConfig.gamma: the draft length of "fixed", the first one of adaptive and ast; "grow" moves among
+    powers of two from 8 (the README's ngram-grow numbers) whatever it says."""
+    for schedule, first in (("fixed", 3), ("adaptive", 3), ("ast", 3), ("grow", 8)):
+        assert engine._gamma_policy(SpecConfig(schedule=schedule, gamma=3), REQ, 0).gamma([]) == first, schedule
+
+
+def test_sampled_speculation_is_reproducible_from_the_seed(model_dirs):
+    """temperature > 0: the draft model samples from the engine's draft generator (seeded from
+    SpecConfig.seed), so two engines with one seed give one run, whatever used torch's global generator."""
+    import torch
+
+    runs = []
+    for run in range(2):
+        eng = load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32", drafter="draft",
+                          schedule="fixed", gamma=4, draft_confidence=0.0, temperature=1.5, seed=3)
+        torch.manual_seed(run)
+        res = eng.complete(REQ, threading.Event())
+        runs.append((res.tokens, res.stats.proposed, res.stats.accepted))
+    assert runs[0] == runs[1] and sum(runs[0][1]) > 0
+
+
+def test_a_cancel_during_the_drafts_cold_prefill_stops_it_between_chunks(engine, monkeypatch):
+    """The draft model's prefill of a long prompt checks the request's cancel flag between chunks, as the
+    target's does: a cancel while it runs its first chunk ends the request there."""
+    from engine.model import CANCEL_CHUNK
+
+    engine.forget()
+    event = threading.Event()
+    draft = engine.draft_lm
+    real = draft.forward
+
+    def forward(tokens, keep_logits=None):
+        event.set()  # cancelled while the draft works on its first chunk
+        return real(tokens, keep_logits)
+
+    monkeypatch.setattr(draft, "forward", forward)
+    prefix = "".join(f"value_{i} = compute({i}, 'x')\n" for i in range(60))
+    req = CompletionRequest(prefix=prefix, uri="draft-cancel", limits=Limits(max_tokens=20))
+    step, before = draft.chunk or CANCEL_CHUNK, draft.forwards
+    res = engine.complete(req, event, SpecConfig(drafter="draft"))
+    assert res.cancelled and res.stats.prompt_tokens > step
+    assert draft.forwards - before == 1 and len(draft.tokens) == step  # one chunk, not the prompt and k guesses
+    assert engine.model_drafter.cancel is None  # the request's flag is not kept past it
+    engine.forget()
+
+
+def test_token_healing_with_a_draft_of_smaller_vocabulary(model_dirs, tokenizer_dir, tmp_path):
+    """The target's logits are cut to the vocabulary it shares with the draft: healing's allowed first
+    tokens are ids below that cut, and every mode gives the plain answer."""
+    import shutil
+
+    from tests.unit.engine.conftest import tiny_model
+
+    tok = load_engine(str(model_dirs["target"]), None, dtype="float32").target.tokenizer
+    small = len(tok) - 150
+    tiny_model("llama", vocab=small, seed=12, layers=1, hidden=16).save_pretrained(tmp_path)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    eng = load_engine(str(model_dirs["target"]), str(tmp_path), dtype="float32", config=EngineConfig(template="plain"))
+    req = CompletionRequest(prefix="def area(width, height):\n    return width * ", path="x.py",
+                            mode="single-line", limits=Limits(max_tokens=12, max_lines=1))
+    _, healed, allowed = eng._heal(eng.prompts.build(req).tokens)
+    assert healed == " " and int(allowed.max()) < small
+    assert any(tok.decode([i]).startswith(" ") for i in range(small, len(tok)))  # cut off: not allowed
+    plain = eng.complete(req, threading.Event(), SpecConfig(drafter="none"))
+    assert plain.tokens and tok.decode(plain.tokens[:1]).startswith(" ")
+    for drafter in ("ngram", "draft", "hybrid"):
+        assert eng.complete(req, threading.Event(), SpecConfig(drafter=drafter)).tokens == plain.tokens, drafter

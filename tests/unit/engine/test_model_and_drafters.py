@@ -8,6 +8,7 @@ import torch
 
 from engine.drafters import HybridDrafter, ModelDrafter, NgramDrafter
 from engine.speculative import generate
+from engine.types import CompletionStats
 from tests.unit.engine.conftest import cached, tiny_model
 
 
@@ -60,13 +61,20 @@ def test_hybrid_uses_ngram_on_a_long_match_else_the_model(llama):
 
 
 def test_sampling_is_reproducible_with_a_seed(llama):
+    """A sampling draft draws from the generator it is given (the engine's, seeded from SpecConfig.seed),
+    never from torch's global one: whatever else used that in between, a seed gives the same run."""
     draft = ModelDrafter(cached(tiny_model("llama", seed=7, layers=1, hidden=16)))
-    draft.temperature = 0.8
-    outs = []
-    for _ in range(2):
-        gen = torch.Generator().manual_seed(5)
-        torch.manual_seed(5)
+    draft.temperature = 1.5
+    guesses, runs = [], []
+    for run in range(2):
+        draft.generator = torch.Generator().manual_seed(6)
+        torch.manual_seed(100 + run)  # the global generator differs between the runs
+        guesses.append(draft.propose([3, 4, 5, 6, 7], 8))
+        draft.generator = torch.Generator().manual_seed(6)
+        torch.manual_seed(200 + run)
+        stats = CompletionStats()
         tokens, _ = generate(cached(llama), [3, 4, 5, 6], draft, max_new_tokens=20, cancel=threading.Event(),
-                             temperature=0.8, generator=gen)
-        outs.append(tokens)
-    assert outs[0] == outs[1] and len(outs[0]) == 20
+                             temperature=0.8, generator=torch.Generator().manual_seed(5), stats=stats)
+        runs.append((tokens, stats.proposed, stats.accepted))
+    assert guesses[0] == guesses[1] and len(guesses[0]) == 8
+    assert runs[0] == runs[1] and len(runs[0][0]) == 20 and sum(runs[0][1]) > 0

@@ -177,6 +177,20 @@ def test_memory_is_counted_per_model(model_dirs):
     assert tensor_bytes(engine) >= weights + engine.target_lm.kv.numel() * engine.target_lm.kv.element_size()
 
 
+def test_a_transformers_cache_is_counted_once(model_dirs):
+    """CachedLM keeps transformers' DynamicCache in `_cache`: its KV is counted, each storage once."""
+    from engine.engine import load_engine
+    from engine.types import Limits, SpecConfig
+
+    engine = load_engine(str(model_dirs["target"]), backend="transformers", dtype="float32", prompt_slots=0)
+    empty = tensor_bytes(engine)
+    engine.complete(CompletionRequest(prefix="import json\n", limits=Limits(max_tokens=8)), threading.Event(),
+                    spec=SpecConfig(drafter="none"))
+    layers = engine.target_lm._cache.layers
+    kv = sum(t.untyped_storage().nbytes() for layer in layers for t in (layer.keys, layer.values))
+    assert kv > 0 and tensor_bytes(engine) == empty + kv
+
+
 def test_the_target_reports_each_answer_tokens_log_probability(model_dirs):
     from engine.engine import load_engine
     from engine.types import Limits, SpecConfig
