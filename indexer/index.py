@@ -17,7 +17,7 @@ from .bm25 import Bm25Index, chunk_tokens
 from .chunker import Chunker
 from .config import IndexConfig
 from .dense import Embedder, make_embedder
-from .files import FileFilter, SourceFile
+from .files import IGNORE_FILE_NAMES, FileFilter, SourceFile, WalkResult
 from .imports import FileTable
 from .models import Chunk, IndexStats, Symbol
 from .store import FileRecord, Store
@@ -80,12 +80,13 @@ class Index:
         self.close()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        if self._worker is not None:
-            self._worker.close()
-            self._worker = None
+        with self._lock:  # against _ensure_worker: no update thread starts on a closed index
+            if self._closed:
+                return
+            self._closed = True
+            worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.close()
         self.bm25.close()
         self.store.close()
 
@@ -305,35 +306,52 @@ class Index:
         self._digests[rec.path] = rec.digest
 
     # ---- incremental updates ------------------------------------------
-    def _ensure_worker(self) -> CoalescingWorker:
-        if self._worker is None:
-            self._worker = CoalescingWorker(self._update_batch)
-        return self._worker
+    def _ensure_worker(self) -> CoalescingWorker | None:
+        """The update thread, started on first use; None once the index is closed."""
+        with self._lock:
+            if self._closed:
+                return None
+            if self._worker is None:
+                self._worker = CoalescingWorker(self._update_batch)
+            return self._worker
 
     def touch(self, path: Path | str, text: str | None = None) -> None:
-        """Mark a file changed. ``text`` is an unsaved buffer that overrides the disk until ``touch(path)``."""
+        """Mark a file changed. ``text`` is an unsaved buffer that overrides the disk until ``touch(path)``.
+
+        A closed index ignores it (a late editor event or overlay timer must not restart its worker).
+        """
+        if self._closed:
+            return
         p = os.path.abspath(path)
         with self._lock:
             if text is None:
                 self._overlays.pop(p, None)
             else:
                 self._overlays[p] = text
-        if os.path.basename(p) in (".gitignore", ".draftlineignore"):
-            self.filter.invalidate(Path(p).parent)
-        self._ensure_worker().submit(p)
+        if os.path.basename(p) in IGNORE_FILE_NAMES:
+            self.filter.invalidate(Path(p).parent)  # the worker re-checks that directory (_update_batch)
+        worker = self._ensure_worker()
+        if worker is not None:
+            worker.submit(p)
 
     def close_overlay(self, path: Path | str) -> None:
         self.touch(path)
 
     def remove(self, path: Path | str) -> None:
-        """Drop a file (or every file under a directory) from the index."""
+        """Drop a file (or every file under a directory) from the index; a closed index ignores it."""
+        if self._closed:
+            return
         p = os.path.abspath(path)
         with self._lock:
             self._overlays.pop(p, None)
             prefix = p.rstrip(os.sep) + os.sep
             under = [q for q in self._path_chunks if q.startswith(prefix)] + \
                     [q for q in self._digests if q.startswith(prefix)]
+        if os.path.basename(p) in IGNORE_FILE_NAMES:  # its rules are gone: what they hid may be indexed
+            self.filter.invalidate(Path(p).parent)
         worker = self._ensure_worker()
+        if worker is None:
+            return
         worker.submit(p, remove=True)
         for q in set(under):
             worker.submit(q, remove=True)
@@ -345,6 +363,8 @@ class Index:
     def _update_batch(self, batch: dict[str, bool]) -> None:
         t0 = time.perf_counter()
         with self._write_lock:
+            for directory in {os.path.dirname(p) for p in batch if os.path.basename(p) in IGNORE_FILE_NAMES}:
+                batch = {**self._ignore_rescan(Path(directory)), **batch}
             sources: list[SourceFile] = []
             removals: list[str] = []
             for path, force_remove in batch.items():
@@ -372,6 +392,35 @@ class Index:
             if sources or removals:
                 self._commit_sources(sources, removals)
         log.debug("updated %d path(s) in %.1f ms", len(batch), (time.perf_counter() - t0) * 1e3)
+
+    def _ignore_rescan(self, directory: Path) -> dict[str, bool]:
+        """The paths under ``directory`` whose fate an edit of its ignore file may have changed: those
+        indexed that the build's walk no longer finds (now ignored) and those it finds that are not
+        indexed (no longer ignored). Each then goes through the batch's usual checks."""
+        walked = {e.path for e in self._walk_under(directory).files}
+        prefix = str(directory).rstrip(os.sep) + os.sep
+        with self._lock:
+            indexed = {p for p in self._digests if p.startswith(prefix)}
+        return dict.fromkeys(sorted(indexed ^ walked), False)
+
+    def _walk_under(self, directory: Path) -> WalkResult:
+        """The build's walk (FileFilter.walk) of one directory; nothing where it or a directory above
+        it is itself skipped."""
+        result = WalkResult()
+        root = self.filter.root_of(directory)
+        if root is None:
+            return result
+        current = root
+        for part in directory.relative_to(root).parts:
+            current = current / part
+            if self.filter.entry_reason(root, current, True):
+                return result
+        try:
+            st = os.stat(directory)
+        except OSError:
+            return result
+        self.filter._walk_dir(root, directory, result, {(st.st_dev, st.st_ino)}, set())
+        return result
 
     # ---- queries ----------------------------------------------------------
     def search(self, query: str, k: int = 10, exclude: Path | str | None = None, mode: str = "hybrid") -> list[Chunk]:

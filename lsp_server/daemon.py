@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import threading
 from collections.abc import Sequence
@@ -42,7 +43,10 @@ class IndexRegistry:
 
     @staticmethod
     def _key(roots: Sequence[Path], cfg: IndexSettings) -> tuple:
-        return tuple(sorted(str(Path(r).resolve()) for r in roots)), repr(cfg)
+        """What defines an index: its roots and the indexer's options (in any order). Not the overlay
+        delay: each session reads its own where it uses it (server._index_needs_rebuild agrees)."""
+        options = json.dumps(dict(cfg.options), sort_keys=True, default=str)
+        return tuple(sorted(str(Path(r).resolve()) for r in roots)), cfg.enabled, options
 
     def acquire(self, roots: Sequence[Path], cfg: IndexSettings) -> Any:
         """The shared index of ``roots`` (opened on first use); None when it cannot open."""

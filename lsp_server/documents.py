@@ -35,11 +35,12 @@ def snapshot(doc: TextDocument, line: int, character: int, roots: Sequence[Path]
         return None
     if line == len(lines) and character > 0:
         return None
+    line_text = lines[line].rstrip("\r\n") if line < len(lines) else ""
+    # Past the end of a line means its end (LSP). Clamped here, in the client's units (UTF-16 by
+    # default): pygls clamps such a position to one unit short of a last line without a newline.
+    character = min(character, doc.position_codec.client_num_units(line_text))
     offset = doc.offset_at_position(Position(line=line, character=character))
     source = doc.source
-    line_text = lines[line].rstrip("\r\n") if line < len(lines) else ""
-    line_start = sum(len(text) for text in lines[:line])
-    offset = min(offset, line_start + len(line_text))  # clamp past-end-of-line positions
     return Snapshot(
         uri=doc.uri,
         version=doc.version or 0,

@@ -65,17 +65,21 @@ class IndexHandle:
         ``watch``: where the roots' changes on disk go (an IndexSink: ``touch(path)``, ``remove(path)``,
         called on the watcher's thread); None: nothing watches them.
         """
-        self._epoch += 1
-        epoch = self._epoch
+        with self._watch_lock:
+            self._epoch += 1
+            epoch = self._epoch
         index = self.registry.acquire(roots, cfg) if self.registry is not None else open_index(roots, cfg)
         if index is None:
             if cfg.enabled and roots and epoch == self._epoch:
                 self.state = "unavailable"  # it could not open (logged): completions go on without retrieval
             return
-        if epoch != self._epoch:  # the roots changed while it opened
+        with self._watch_lock:  # against a detach/close now: either it takes this index or we release it
+            current = epoch == self._epoch
+            if current:
+                self.index, self.state = index, "building"
+        if not current:  # the roots changed (or the session ended) while it opened
             self.release(index)
             return
-        self.index, self.state = index, "building"
         if watch is not None:  # before the build: a change while it walks is not missed
             self._start_watching(index, watch, epoch)
         try:
@@ -92,10 +96,9 @@ class IndexHandle:
 
         Its watcher stops on a thread of its own (joining the observer must not hold up the loop).
         """
-        watcher = self._stop_watching()
+        watcher, old = self._take()
         if watcher is not None:
             threading.Thread(target=watcher.stop, name="draftline-watch-stop", daemon=True).start()
-        old, self.index, self.state = self.index, None, "none"
         return old
 
     def _start_watching(self, index: Any, sink: Any, epoch: int) -> None:
@@ -112,11 +115,14 @@ class IndexHandle:
         if watcher is not None:  # detached meanwhile
             watcher.stop()
 
-    def _stop_watching(self) -> Any:
+    def _take(self) -> tuple[Any, Any]:
+        """(watcher, index) handed over by this handle, which holds neither afterwards; a build still
+        opening or running stops counting."""
         with self._watch_lock:
             self._epoch += 1
             watcher, self._watcher = self._watcher, None
-        return watcher
+            index, self.index, self.state = self.index, None, "none"
+        return watcher, index
 
     @property
     def watching(self) -> bool:
@@ -188,10 +194,13 @@ class IndexHandle:
             index.close()
 
     def close(self) -> None:
-        watcher = self._stop_watching()
+        """Stop watching and let go of the index. The index is taken out before it is released, so a
+        second close (a daemon's session closes at ``shutdown`` and again when its connection ends)
+        cannot release a shared index once more and close it under the sessions still using it."""
+        watcher, index = self._take()
         if watcher is not None:
             watcher.stop()
-        self.release(self.index)
+        self.release(index)
 
 
 def _index_options(cls: type, options: Mapping[str, Any]) -> Any:

@@ -112,7 +112,9 @@ class Draftline:
         self.roots: list[Path] = []
         self.last_chunks: list[str] = []
         self._overlay_timers: dict[str, asyncio.TimerHandle] = {}  # uri -> pending re-index of its buffer
+        self._overlaid: set[str] = set()  # uris whose unsaved text this session put into the index
         self._index_started = False
+        self._closed = False
 
     # -- configuration and the engine ------------------------------------------------------------
     def configure(self, client_settings: Any = None) -> None:
@@ -271,6 +273,7 @@ class Draftline:
 
     async def reindex(self) -> None:
         """The roots changed: close the old index and its watcher (off the loop) and index the new roots."""
+        self._drop_overlays()  # the old index may live on for other sessions of a daemon
         old = self.index.detach()
         self.disk_changes.clear()
         if old is not None and hasattr(old, "close"):
@@ -286,9 +289,27 @@ class Draftline:
         return f"{self.session}:{unquote(uri)}" if self.session else unquote(uri)
 
     def close(self) -> None:
+        """End the session: at ``shutdown``, and again when a daemon's session ends (then a no-op).
+
+        Its pending buffer re-indexes are cancelled and its unsaved buffers leave the index first: a
+        daemon's index is shared, and would otherwise prefer a gone editor's text to the disk's.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for timer in self._overlay_timers.values():
+            timer.cancel()
+        self._overlay_timers.clear()
+        self._drop_overlays()
         if self.shared is None:  # a daemon's engine thread outlives its sessions
             self.scheduler.close()
         self.index.close()
+
+    def _drop_overlays(self) -> None:
+        """Back to the disk's text for every buffer this session overlaid on the index."""
+        for uri in self._overlaid:
+            self.index.touch(to_fs_path(uri), None)
+        self._overlaid.clear()
 
     def edited(self, uri: str, text: str | None, immediate: bool = True) -> None:
         """Every open/change: stop what runs for this document now, then refresh the index overlay.
@@ -313,10 +334,14 @@ class Draftline:
             self.index_touch(uri, doc.source)
 
     def index_touch(self, uri: str, text: str | None) -> None:
-        if text is None and (timer := self._overlay_timers.pop(uri, None)) is not None:
-            timer.cancel()  # saved or closed: the file on disk is what counts now
+        if text is None:
+            self._overlaid.discard(uri)
+            if (timer := self._overlay_timers.pop(uri, None)) is not None:
+                timer.cancel()  # saved or closed: the file on disk is what counts now
         path = to_fs_path(uri)
         if path:
+            if text is not None:
+                self._overlaid.add(uri)
             self.index.touch(path, text)
 
     def file_event(self, event: t.FileEvent) -> None:

@@ -72,7 +72,9 @@ async def test_keystroke_storm_answers_each_request_once_and_never_stale(client:
 
 
 async def test_cancel_request_stops_the_generation(client: LanguageClient):
-    await initialize(client, init_options=options(options={"step_s": 0.2}))
+    # left alone the generation would run 96 s (96 tokens, max_tokens, at 1 s each); cancelled, it
+    # stops at its next step: within ~1 s, far inside the 10 s allowed
+    await initialize(client, init_options=options(options={"step_s": 1.0, "text": "x" * 96}))
     text = "value = some_long_identifier_name"
     open_doc(client, text)
     fut = asyncio.ensure_future(
@@ -81,11 +83,11 @@ async def test_cancel_request_stops_the_generation(client: LanguageClient):
     await wait_for(client, lambda s: s["generations"]["in_flight"] == 1)
     client.cancel_request(t.CancelParams(id="slow"))
     try:
-        await asyncio.wait_for(fut, DEADLINE_S)
+        await asyncio.wait_for(fut, 10)
         raise AssertionError("a cancelled request was answered with a result")
     except JsonRpcRequestCancelled:
         pass
-    current = await wait_for(client, lambda s: s["generations"]["in_flight"] == 0)
+    current = await wait_for(client, lambda s: s["generations"]["in_flight"] == 0, deadline_s=10)
     assert current["cancellations"] == 1 and current["engine_cancelled"] == 0  # the handler had gone
 
 

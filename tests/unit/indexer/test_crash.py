@@ -55,13 +55,17 @@ def test_sigkill_mid_build_leaves_a_consistent_index(workspace, tmp_path):
 
     resumed_embedder = FakeEmbedder()
     resumed = Index([workspace], IndexConfig(cache_dir=cache), embedder=resumed_embedder)
-    partially = resumed.stats().files
+    partially, kept_chunks = resumed.stats().files, resumed.stats().chunks
     assert 0 < partially < 200  # the killed run kept whole files only
     resumed.build()
-    assert resumed_embedder.texts < 400  # the files done before the kill were not redone
-    fresh = Index([workspace], IndexConfig(cache_dir=tmp_path / "fresh-cache"), embedder=FakeEmbedder())
+    fresh_embedder = FakeEmbedder()
+    fresh = Index([workspace], IndexConfig(cache_dir=tmp_path / "fresh-cache"), embedder=fresh_embedder)
     fresh.build()
     try:
+        # the files done before the kill were not redone: only the other files' chunks were embedded
+        assert fresh_embedder.texts == fresh.stats().chunks == 400  # two chunks a file: the function, the class
+        assert kept_chunks == 2 * partially
+        assert resumed_embedder.texts == 400 - kept_chunks
         assert snapshot(resumed, workspace) == snapshot(fresh, workspace)
         assert resumed.stats().files == fresh.stats().files == 200
         assert resumed.stats().vectors == resumed.stats().chunks

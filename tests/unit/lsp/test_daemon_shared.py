@@ -31,6 +31,15 @@ def test_sessions_on_the_same_roots_share_one_index(monkeypatch, tmp_path):
     assert reg.acquire([tmp_path], IndexSettings()) is not first  # reopened for a new user
 
 
+def test_sessions_share_an_index_whatever_their_overlay_delay_or_option_order(monkeypatch, tmp_path):
+    monkeypatch.setattr(daemon, "open_index", lambda roots, cfg: FakeIndex(roots))
+    reg = daemon.IndexRegistry()
+    first = reg.acquire([tmp_path], IndexSettings(overlay_delay_ms=750, options={"embedder": "none", "rrf_k": 60}))
+    same = reg.acquire([tmp_path], IndexSettings(overlay_delay_ms=0, options={"rrf_k": 60, "embedder": "none"}))
+    other = reg.acquire([tmp_path], IndexSettings(options={"embedder": "none", "rrf_k": 30}))
+    assert same is first and other is not first
+
+
 def test_one_engine_per_model_loaded_once_on_the_engine_thread(monkeypatch):
     loads = []
     monkeypatch.setattr(daemon, "make_engine", lambda model: loads.append(model) or object())

@@ -1,0 +1,45 @@
+"""Client positions to the text before and after the cursor (UTF-16 columns, line ends, past the end)."""
+
+from __future__ import annotations
+
+from pygls.workspace import TextDocument
+
+from lsp_server.documents import snapshot
+
+URI = "file:///ws/demo.py"
+
+
+def split(text: str, line: int, character: int) -> tuple[str, str]:
+    snap = snapshot(TextDocument(URI, text), line, character, ())
+    assert snap is not None
+    return snap.before, snap.after
+
+
+def test_a_position_past_the_end_of_the_last_line_is_its_end():
+    assert split("abc", 0, 5) == ("abc", "")  # no newline at the end: pygls alone gives "ab"
+    assert split("abc", 0, 3) == ("abc", "")
+    assert split("x = 1\nabc", 1, 99) == ("x = 1\nabc", "")
+    assert split("abc\ndef\n", 0, 7) == ("abc", "\ndef\n")  # a line with its newline: its end too
+
+
+def test_crlf_line_ends_stay_after_the_cursor():
+    text = "def f():\r\n    return 1\r\nx"
+    assert split(text, 0, 8) == ("def f():", "\r\n    return 1\r\nx")
+    assert split(text, 0, 9) == ("def f():", "\r\n    return 1\r\nx")  # past the end: never between \r and \n
+    assert split(text, 1, 10) == ("def f():\r\n    return", " 1\r\nx")
+    assert split(text, 1, 40) == ("def f():\r\n    return 1", "\r\nx")
+
+
+def test_columns_count_utf16_units_past_a_character_outside_the_bmp():
+    text = 's = "😋" + name\nnext'  # the emoji is two UTF-16 units
+    assert split(text, 0, 7) == ('s = "😋', '" + name\nnext')
+    assert split(text, 0, 8) == ('s = "😋"', " + name\nnext")
+    assert split(text, 0, 15) == ('s = "😋" + name', "\nnext")  # the line's end, in UTF-16 units
+    assert split(text, 0, 99) == ('s = "😋" + name', "\nnext")
+    assert split('x = "😋"', 0, 99) == ('x = "😋"', "")  # past the end of a last line holding one
+
+
+def test_positions_outside_the_document_have_no_snapshot():
+    doc = TextDocument(URI, "abc\n")
+    assert snapshot(doc, 2, 0, ()) is None and snapshot(doc, 1, 1, ()) is None and snapshot(doc, 0, -1, ()) is None
+    assert snapshot(doc, 1, 0, ()).before == "abc\n"  # the empty line after the last newline

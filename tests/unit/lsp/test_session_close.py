@@ -1,0 +1,66 @@
+"""A session's close: once, with its buffers out of the (possibly shared) index and no re-index left pending."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from pygls.workspace import TextDocument
+
+from lsp_server.index_handle import IndexHandle
+from lsp_server.server import build_server
+
+
+class RecordingIndex:
+    """Stands in for the session's IndexHandle: what reached the index, and how often it was closed."""
+
+    def __init__(self) -> None:
+        self.touches: list[tuple[str, str | None]] = []
+        self.closed = 0
+
+    def touch(self, path: str, text: str | None = None) -> None:
+        self.touches.append((path, text))
+
+    def close(self) -> None:
+        self.closed += 1
+
+
+def test_close_drops_the_sessions_buffers_cancels_pending_ones_and_runs_once(tmp_path: Path):
+    ls = build_server()
+    app = ls.draftline
+    app.index = index = RecordingIndex()
+    opened, typed, closed = (tmp_path / name for name in ("opened.py", "typed.py", "closed.py"))
+    app.document = lambda uri: TextDocument(uri, "typed later")  # what the overlay timer would index
+    delay_s = app.config.index.overlay_delay_ms / 1e3
+
+    async def session() -> None:
+        app.edited(opened.as_uri(), "unsaved")  # didOpen: overlaid at once
+        app.edited(closed.as_uri(), "gone")
+        app.index_touch(closed.as_uri(), None)  # didClose: back to the disk already
+        app.edited(typed.as_uri(), "typing", immediate=False)  # didChange: overlaid once typing pauses
+        app.close()
+        app.close()  # the daemon closes a session again when its connection ends
+        await asyncio.sleep(delay_s + 0.2)  # past the typed buffer's overlay timer
+
+    asyncio.run(session())
+    assert index.touches == [(str(opened), "unsaved"), (str(closed), "gone"), (str(closed), None), (str(opened), None)]
+    assert index.closed == 1
+
+
+class CountingRegistry:
+    def __init__(self) -> None:
+        self.released: list[object] = []
+
+    def release(self, index: object) -> None:
+        self.released.append(index)
+
+
+def test_a_handle_releases_its_shared_index_once_however_often_it_closes():
+    registry = CountingRegistry()
+    handle = IndexHandle(registry)
+    shared = object()
+    handle.index, handle.state = shared, "ready"
+    handle.close()
+    handle.close()
+    assert registry.released == [shared]  # a second release would close it under the other sessions
+    assert handle.index is None and handle.search("anything", 3) == []
