@@ -104,6 +104,9 @@ class IndexConfig:
     max_file_bytes: int = 1_000_000
     extra_ignore: tuple[str, ...] = ()  # gitwildmatch patterns relative to each root
     follow_symlinks: bool = True
+    # a link that resolves outside every root is skipped unless this is set: a cloned repository's link
+    # to a file of the user's (~/.ssh, ~/.aws) would otherwise be read into the index and the prompts
+    symlinks_outside_roots: bool = False
     exclude_secrets: bool = True
     secret_name_patterns: tuple[str, ...] = DEFAULT_SECRET_NAME_PATTERNS
     secret_content_patterns: tuple[str, ...] = DEFAULT_SECRET_CONTENT_PATTERNS

@@ -117,6 +117,7 @@ class FileFilter:
     def __init__(self, roots: list[Path], config: IndexConfig, extra_excluded_dirs: tuple[Path, ...] = ()):
         self.roots = [Path(os.path.abspath(r)) for r in roots]
         self.config = config
+        self._real_roots = tuple(os.path.realpath(r) for r in self.roots)
         self._excluded_dirs = tuple(Path(os.path.abspath(d)) for d in extra_excluded_dirs)
         self._dir_specs: dict[Path, list[GitIgnoreSpec]] = {}
         self._root_specs: dict[Path, list[GitIgnoreSpec]] = {}
@@ -211,6 +212,9 @@ class FileFilter:
         root = self.root_of(path)
         if root is None or path == root:
             return "outside_roots"
+        reason = self.link_reason(root, path)
+        if reason:
+            return reason
         rel = path.relative_to(root).parts
         current = root
         for part in rel[:-1]:
@@ -219,6 +223,23 @@ class FileFilter:
             if reason:
                 return reason
         return self.entry_reason(root, path, False)
+
+    def _outside_roots(self, real: str) -> bool:
+        """Does a resolved path lie outside every (resolved) root, where a link may not lead?"""
+        if self.config.symlinks_outside_roots:
+            return False
+        return not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self._real_roots)
+
+    def link_reason(self, root: Path, path: Path) -> str | None:
+        """Why a path reached through a symlink (itself, or a directory between its root and it) is
+        skipped: links are not followed, or this one leads out of the workspace (a cloned repository's
+        link to ~/.aws/credentials would otherwise be read into the index and the prompts); None else."""
+        real = os.path.realpath(path)
+        if real == os.path.join(os.path.realpath(root), *path.relative_to(root).parts):
+            return None  # no link on the way
+        if not self.config.follow_symlinks:
+            return "symlink"
+        return "symlink_outside" if self._outside_roots(real) else None
 
     def content_is_secret(self, text: str) -> bool:
         return bool(self.config.exclude_secrets and any(p.search(text) for p in self._secret_content))
@@ -259,6 +280,9 @@ class FileFilter:
                     self._skip(result, path, "symlink")
                     continue
                 st = os.stat(path)  # follows symlinks
+                if is_link and self._outside_roots(os.path.realpath(path)):
+                    self._skip(result, path, "symlink_outside")
+                    continue
             except FileNotFoundError:
                 self._skip(result, path, "broken_symlink" if os.path.islink(path) else "vanished")
                 continue

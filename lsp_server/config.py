@@ -165,6 +165,7 @@ _WORKSPACE_DENIED_INDEX_OPTIONS = {
     "cache_dir": None,  # the index database is created there (any path the user can write) and read back
     "model_cache_dir": None,  # the embedder's model is written and loaded there
     "follow_symlinks": False,  # a symlink in the repository could reach any file of the user's
+    "symlinks_outside_roots": False,  # the same, for links that leave the workspace
     "exclude_secrets": True,  # the secret filter keeps keys out of the index, the prompts and the suggestions
     "secret_name_patterns": None,
     "secret_content_patterns": None,

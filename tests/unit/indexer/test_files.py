@@ -165,3 +165,26 @@ def test_cache_dir_inside_workspace_is_never_walked(workspace):
     write(workspace, ".cache/index.py", "x = 2\n")
     files = FileFilter([workspace], IndexConfig(), extra_excluded_dirs=(workspace / ".cache",)).walk().files
     assert [os.path.basename(f.path) for f in files] == ["a.py"]
+
+
+def test_links_out_of_the_workspace_are_not_followed_unless_asked(workspace, tmp_path):
+    """A cloned repository's link to one of the user's files (or directories) must not bring it into the
+    index, by the walk or by a later change event; links within the workspace still work."""
+    outside = tmp_path / "home"
+    write(outside, "credentials.py", "token = 'x'\n")
+    write(outside, "lib/util.py", "def u():\n    pass\n")
+    write(workspace, "pkg/mod.py", "def f():\n    pass\n")
+    os.symlink(outside / "credentials.py", workspace / "creds.py")
+    os.symlink(outside / "lib", workspace / "lib")
+    os.symlink(workspace / "pkg" / "mod.py", workspace / "alias.py")  # inside: followed
+    files, skipped = walk(workspace)
+    assert files == ["alias.py", "pkg/mod.py"]
+    assert skipped["symlink_outside"] == 2
+    ff = FileFilter([workspace], IndexConfig())
+    assert ff.path_reason(workspace / "creds.py") == "symlink_outside"
+    assert ff.path_reason(workspace / "lib" / "util.py") == "symlink_outside"  # through a linked directory
+    assert ff.path_reason(workspace / "alias.py") is None and ff.path_reason(workspace / "pkg" / "mod.py") is None
+    assert FileFilter([workspace], IndexConfig(follow_symlinks=False)).path_reason(workspace / "alias.py") == "symlink"
+    files, _ = walk(workspace, symlinks_outside_roots=True)
+    assert {"creds.py", "lib/util.py"} <= set(files)
+    assert FileFilter([workspace], IndexConfig(symlinks_outside_roots=True)).path_reason(workspace / "creds.py") is None
