@@ -247,12 +247,27 @@ class Weights:
         return self.tensors.get(name)
 
 
-def _load_packed(path: Path | None) -> dict[str, torch.Tensor]:
+def packed_layout(native: bool) -> str:
+    """What a quantized-weights cache file's tensors mean, kept in its metadata: a file written for
+    another layout is recomputed, not read. The native int8 weights went from plain rows to tiles of
+    four rows on 2026-12-07, and an int4 file's int8 head, written before, was then read as tiles:
+    the int4 arm's logits were garbage on every machine that had run it before (bench quant: top-1
+    0 %). Change the native part whenever a product's weight layout changes."""
+    return f"native:q8-tiles-{native_kernels.Q8_NW};q4_1-blocks" if native else "torch"
+
+
+def _load_packed(path: Path | None, layout: str) -> dict[str, torch.Tensor]:
     if path is None or not path.is_file():
         return {}
+    from safetensors import safe_open
     from safetensors.torch import load_file
 
     try:
+        with safe_open(path, framework="pt") as f:
+            found = (f.metadata() or {}).get("layout")
+        if found != layout:  # an older layout (or a file from before layouts were recorded)
+            log.info("quantized-weights cache %s has layout %r, not %r: recomputing it", path, found, layout)
+            return {}
         tensors = load_file(path)
     except Exception as exc:  # a damaged cache costs one recomputation, never a start
         log.warning("ignoring the quantized-weights cache %s: %s", path, exc)
@@ -263,7 +278,7 @@ def _load_packed(path: Path | None) -> dict[str, torch.Tensor]:
     return {k: v if v.data_ptr() % ALIGN == 0 else v.clone() for k, v in tensors.items()}
 
 
-def _save_packed(path: Path, linears: Mapping[str, "Linear"]) -> None:
+def _save_packed(path: Path, linears: Mapping[str, "Linear"], layout: str) -> None:
     from safetensors.torch import save_file
 
     tensors = {}
@@ -272,7 +287,7 @@ def _save_packed(path: Path, linears: Mapping[str, "Linear"]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        save_file(tensors, tmp)
+        save_file(tensors, tmp, metadata={"layout": layout})
         tmp.replace(path)
     except OSError as exc:  # a read-only cache costs the quantization next start
         log.warning("could not keep the quantized weights in %s: %s", path, exc)
@@ -341,7 +356,7 @@ class LeanLM:
         self.scale = 1.0 / float(self.head_dim) ** 0.5
         self.eps = cfg.rms_norm_eps
         cache = source.cache_file(quant_cache_key(quant, native)) if quant != "none" else None
-        packed = _load_packed(cache)
+        packed = _load_packed(cache, packed_layout(native))
         linears: dict[str, Linear] = {}
 
         def linear(name: str, w: torch.Tensor, b: torch.Tensor | None = None) -> Linear:
@@ -372,7 +387,7 @@ class LeanLM:
                 linear(f"{i}.down", source[m + "down_proj.weight"]),
             ))
         if cache is not None and not packed:
-            _save_packed(cache, linears)
+            _save_packed(cache, linears, packed_layout(native))
         self.ffn = source["model.layers.0.mlp.gate_proj.weight"].shape[0]
         inv = 1.0 / (_rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
         angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)  # (L, D/2)

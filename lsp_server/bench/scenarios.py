@@ -462,10 +462,9 @@ def markdown_table(report: dict) -> str:
         b = modes[best]
         cold = data.get("by_cache", {}).get("cold", {}).get(best)
         acc = "-" if b["acceptance"] is None else f"{100 * b['acceptance']:.1f} %"
-        fixed = modes.get("fixed-g5", {}).get("p50_ms", 0.0)
-        ast = modes.get("ast-adaptive", {}).get("p50_ms", 0.0)
+        fixed, ast = (f"{modes[m]['p50_ms']:.0f} ms" if m in modes else "-" for m in ("fixed-g5", "ast-adaptive"))  # - : not run
         identical = all(m["identical"] for c in data.get("by_cache", {"": modes}).values() for m in c.values())
-        rows.append(f"| {s} | {modes['plain']['tokens_mean']:.0f} | {modes['plain']['p50_ms']:.0f} ms | {fixed:.0f} ms | {ast:.0f} ms | "
+        rows.append(f"| {s} | {modes['plain']['tokens_mean']:.0f} | {modes['plain']['p50_ms']:.0f} ms | {fixed} | {ast} | "
                     f"{best} | {b['p50_ms']:.0f} ms | {b['speedup']:.2f}x | "
                     f"{'-' if cold is None else format(cold['speedup'], '.2f') + 'x'} | {b['decode_speedup']:.2f}x | {acc} | "
                     f"{identical} | {data['degenerate']}/{data['tasks']} | "

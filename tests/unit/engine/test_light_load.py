@@ -137,3 +137,33 @@ def test_transformers_backend_still_loads_the_model(model_dirs, backend):
 
     engine = load_engine(str(model_dirs["target"]), backend=backend)
     assert type(engine.target_lm).__name__ == "CachedLM" and engine.target._model is not None
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_a_cache_written_for_another_layout_is_recomputed_not_read(tmp_path, monkeypatch, quant):
+    """An int4 cache's int8 head written in plain rows, read later as the native kernels' tiles, gave
+    garbage logits (bench quant: the int4 arm's top-1 0 %): the layout is in the file and is checked."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from engine import native
+    from engine.lean import packed_layout, quant_cache_key
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    model = tiny_model("llama", seed=7, hidden=64).to(torch.bfloat16)
+    model.save_pretrained(tmp_path / "m")
+    nat = native.lib() is not None
+    weights = Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU)
+    fresh = LeanLM(weights, CPU, max_len=128, quant=quant)
+    cache = weights.cache_file(quant_cache_key(quant, nat))
+    with safe_open(cache, framework="pt") as f:
+        assert f.metadata()["layout"] == packed_layout(nat)
+    tensors = load_file(cache)
+    tensors["lm_head.q"] = torch.flip(tensors["lm_head.q"], [0]).contiguous()  # what another layout's bytes look like
+    save_file(tensors, str(cache), metadata={"layout": "native:q8-rows;q4_1-blocks"})  # an older layout
+    again = LeanLM(Weights.from_dir(tmp_path / "m", torch.bfloat16, CPU), CPU, max_len=128, quant=quant)
+    assert torch.equal(again.lm_head.q, fresh.lm_head.q)
+    prompt = [3, 9, 4, 11, 20, 21]
+    assert torch.equal(again.forward(prompt), fresh.forward(prompt))
+    with safe_open(cache, framework="pt") as f:  # and the file is written again in this layout
+        assert f.metadata()["layout"] == packed_layout(nat)
