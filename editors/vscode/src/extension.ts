@@ -23,6 +23,13 @@ import { STATUS_METHOD, STATUS_PARAMS, ServerStatus, statusView } from './status
 
 const SECTION = 'draftline';
 
+/** The settings a running server process keeps until it is restarted (its command line, env and documents). */
+const LAUNCH_KEYS = ['server.command', 'server.args', 'server.env', 'languages'] as const;
+
+function subset<T extends object, K extends keyof T>(from: T, keys: readonly K[]): Pick<T, K> {
+  return Object.fromEntries(keys.map((k) => [k, from[k]])) as Pick<T, K>;
+}
+
 function currentSettings(): Settings {
   const config = vscode.workspace.getConfiguration(SECTION);
   return readSettings((key) => config.get(key));
@@ -32,6 +39,10 @@ class Draftline implements vscode.Disposable {
   private client: LanguageClient | undefined;
   private starting: Promise<void> = Promise.resolve();
   private started: Settings | undefined; // the settings the running server was initialized with
+  // start/stop/restart and settings changes run one at a time: interleaved, two of them could each
+  // see no client and start one, leaving a server nobody stops
+  private queue: Promise<void> = Promise.resolve();
+  private closed = false;
   private settings = currentSettings();
   private last: ServerStatus | undefined;
   private timer: NodeJS.Timeout | undefined;
@@ -55,14 +66,46 @@ class Draftline implements vscode.Disposable {
     this.schedulePoll();
   }
 
+  /** Run `task` after every task queued before it (whether they succeeded or not). */
+  private serialized(task: () => Promise<void>): Promise<void> {
+    const run = this.queue.then(task);
+    this.queue = run.catch(() => undefined);
+    return run;
+  }
+
   start(): Promise<void> {
-    const settings = (this.started = this.settings);
-    const launch = serverLaunch(settings, process.env);
+    return this.serialized(() => this.startNow());
+  }
+
+  /** Stops the server for good (deactivate): a settings change queued after it starts none. */
+  shutdown(): Promise<void> {
+    this.closed = true;
+    return this.serialized(() => this.stopNow());
+  }
+
+  restart(): Promise<void> {
+    return this.serialized(async () => {
+      await this.stopNow();
+      this.settings = currentSettings();
+      await this.startNow();
+    });
+  }
+
+  private startNow(): Promise<void> {
+    if (this.closed) return Promise.resolve();
+    const launched = this.settings;
+    const launch = serverLaunch(launched, process.env);
     const serverOptions: ServerOptions = { command: launch.command, args: launch.args, options: { env: launch.env } };
-    const config = clientConfig(settings);
     const clientOptions: LanguageClientOptions = {
-      documentSelector: config.documentSelector,
-      initializationOptions: config.initializationOptions,
+      documentSelector: clientConfig(launched).documentSelector,
+      // A function: vscode-languageclient calls it on every initialize, including its own restart of a
+      // crashed server, which would otherwise get the settings of this start. The process and document
+      // set stay those of this start, so `started` keeps them and a change of them still restarts.
+      initializationOptions: () => {
+        const now = this.settings;
+        this.started = { ...now, ...subset(launched, LAUNCH_KEYS) };
+        return clientConfig(this.started).initializationOptions;
+      },
       outputChannel: this.output,
       middleware: {
         provideInlineCompletionItems: (document, position, context, token, next) =>
@@ -73,7 +116,7 @@ class Draftline implements vscode.Disposable {
     this.starting = client.start().then(
       () => this.poll(),
       (err: unknown) => {
-        const message = `draftline: could not start \`${settings['server.command']}\`: ${err}`;
+        const message = `draftline: could not start \`${launched['server.command']}\`: ${err}`;
         void vscode.window.showErrorMessage(message, 'Open Settings').then((pick) => {
           if (pick) void vscode.commands.executeCommand('workbench.action.openSettings', SECTION);
         });
@@ -83,29 +126,32 @@ class Draftline implements vscode.Disposable {
     return this.starting;
   }
 
-  async stop(): Promise<void> {
+  private async stopNow(): Promise<void> {
     const client = this.client;
     this.client = undefined;
+    this.started = undefined;
     this.last = undefined;
     await this.starting.catch(() => undefined);
     if (client && client.state !== State.Stopped) await client.stop().catch(() => undefined);
   }
 
-  async restart(): Promise<void> {
-    await this.stop();
-    this.settings = currentSettings();
-    await this.start();
-  }
-
-  private async configurationChanged(): Promise<void> {
-    this.settings = currentSettings();
+  private configurationChanged(): Promise<void> {
+    this.settings = currentSettings(); // at once: the middleware's enable/languages check reads it
     this.schedulePoll();
-    if (!this.client || !this.started || needsRestart(this.started, this.settings)) return this.restart();
-    await this.starting;
-    if (this.client?.state === State.Running) {
-      await this.client.sendNotification(DidChangeConfigurationNotification.type, didChangeConfigurationParams(this.settings));
-    }
-    await this.poll();
+    return this.serialized(async () => {
+      if (this.closed) return;
+      const now = this.settings;
+      if (!this.client || !this.started || needsRestart(this.started, now)) {
+        await this.stopNow();
+        await this.startNow();
+        return;
+      }
+      await this.starting;
+      if (this.client?.state === State.Running) {
+        await this.client.sendNotification(DidChangeConfigurationNotification.type, didChangeConfigurationParams(now));
+      }
+      await this.poll();
+    });
   }
 
   private async toggle(): Promise<void> {
@@ -173,6 +219,6 @@ export async function activate(context: vscode.ExtensionContext): Promise<void> 
 }
 
 export async function deactivate(): Promise<void> {
-  await app?.stop();
+  await app?.shutdown();
   app = undefined;
 }

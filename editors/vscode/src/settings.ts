@@ -54,6 +54,9 @@ function sameType(value: unknown, fallback: unknown): boolean {
   return typeof value === typeof fallback;
 }
 
+/** The shortest status poll interval: package.json's `minimum` only warns in the settings editor. */
+export const MIN_POLL_MS = 250;
+
 /** Read every setting through `get` (e.g. `workspace.getConfiguration('draftline').get`); ill-typed -> default. */
 export function readSettings(get: (key: string) => unknown): Settings {
   const out: Json = {};
@@ -64,6 +67,8 @@ export function readSettings(get: (key: string) => unknown): Settings {
     else if (fallback === null) out[key] = value; // nullable: checked where it is mapped
     else out[key] = sameType(value, fallback) ? value : fallback;
   }
+  const pollMs = out['status.pollMs'] as number;
+  out['status.pollMs'] = Number.isFinite(pollMs) ? Math.max(MIN_POLL_MS, pollMs) : DEFAULTS['status.pollMs'];
   return out as Settings;
 }
 

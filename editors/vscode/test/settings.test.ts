@@ -119,6 +119,13 @@ describe('toServerOptions', () => {
     assert.equal(s['status.pollMs'], 2000);
   });
 
+  test('status.pollMs is clamped to 250 ms (the schema minimum only warns)', () => {
+    assert.equal(settings({ 'status.pollMs': 0 })['status.pollMs'], 250);
+    assert.equal(settings({ 'status.pollMs': -5 })['status.pollMs'], 250);
+    assert.equal(settings({ 'status.pollMs': 250 })['status.pollMs'], 250);
+    assert.equal(settings({ 'status.pollMs': 5000 })['status.pollMs'], 5000);
+  });
+
   test('the server resolves the mapped options to exactly these values, with no unknown keys', (t) => {
     const py = python();
     if (!py) return t.skip('no Python with lsp_server (set DRAFTLINE_PY)');
