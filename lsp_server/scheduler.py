@@ -47,6 +47,12 @@ class Scheduler:
         if token is not None:
             token.set()
 
+    def cancel_prefix(self, prefix: str) -> None:
+        """Stop every job whose key starts with ``prefix`` (a daemon's session that ended: its keys)."""
+        for key, token in list(self._tokens.items()):
+            if key.startswith(prefix):
+                token.set()
+
     async def submit(self, key: str, job: Callable[[threading.Event], T], debounce_s: float = 0.0) -> T | None:
         """Run ``job`` on the engine thread unless superseded; None when it never started."""
         self.stats.submitted += 1

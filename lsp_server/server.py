@@ -303,6 +303,8 @@ class Draftline:
         self._drop_overlays()
         if self.shared is None:  # a daemon's engine thread outlives its sessions
             self.scheduler.close()
+        elif self.session:  # but what this session asked for stops now, not when its generation ends
+            self.scheduler.cancel_prefix(f"{self.session}:")
         self.index.close()
 
     def _drop_overlays(self) -> None:

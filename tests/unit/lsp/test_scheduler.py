@@ -106,6 +106,20 @@ async def test_edit_cancel_stops_within_one_step(scheduler: Scheduler):
     assert result == "cancelled"
 
 
+async def test_a_sessions_keys_are_cancelled_together_and_no_others(scheduler: Scheduler):
+    """A daemon's session that ends stops its own generation (keys "<session>:<uri>"), not another's."""
+    job = StepJob(hold=True)
+    fut = asyncio.ensure_future(scheduler.submit("1:/a.py", job))
+    await wait_event(job.started)
+    waiting = asyncio.ensure_future(scheduler.submit("2:/a.py", StepJob(steps=1)))
+    await asyncio.sleep(0)
+    job.cancel_requested()
+    scheduler.cancel_prefix("1:")
+    job.release()
+    assert await fut == "cancelled" and job.steps_after_cancel == 0
+    assert await waiting == "done"  # session 2's request was not touched
+
+
 async def test_task_cancellation_sets_the_token_and_reraises(scheduler: Scheduler):
     job = StepJob(hold=True)
     fut = asyncio.ensure_future(scheduler.submit("doc", job))
