@@ -550,6 +550,8 @@ class LeanLM:
         if mask is not None and self.manual_attention:
             bias = torch.zeros(t, end, dtype=self.kv.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
             bias = bias.repeat(group, 1)  # rows: the heads sharing a KV head, each with its T queries
+        elif mask is not None:
+            mask = mask.repeat(group, 1)  # the same rows for SDPA
         layers = self.layers
         if per_token and self.native:
             x, layers = self._native_layers(x, start), ()
@@ -578,13 +580,18 @@ class LeanLM:
                 if mask is not None:
                     scores.add_(bias)
                 att = torch.matmul(torch.softmax(scores, -1), values).to(x.dtype)  # (KVH, G*T, D) = (H, T, D) in head order
-            elif t == 1:  # decode: the heads sharing a KV head become rows of one query, (KVH, G, D)
-                att = torch.nn.functional.scaled_dot_product_attention(q.reshape(kvh, group, d), keys, values)
-            else:
-                if group > 1:
-                    keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
+            # SDPA (GPUs) takes 4-D inputs: on 3-D ones CUDA's fused kernels refuse and the unfused math
+            # kernel runs. The heads sharing a KV head become rows of one query (no copy of K/V per head)
+            elif t == 1:  # decode: (1, KVH, G, D)
                 att = torch.nn.functional.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=mask, is_causal=mask is None)  # (H, T, D)
+                    q.reshape(1, kvh, group, d), keys[None], values[None])[0]  # (KVH, G, D)
+            elif mask is None:  # a prefill from position 0: causal, and the flash kernels take GQA as it is
+                att = torch.nn.functional.scaled_dot_product_attention(
+                    q[None], keys[None], values[None], is_causal=True, enable_gqa=group > 1)[0]  # (H, T, D)
+            else:  # after the cache: each row's allowed keys; the mask repeats for the G heads' rows
+                att = torch.nn.functional.scaled_dot_product_attention(
+                    q.reshape(1, kvh, group * t, d), keys[None], values[None],
+                    attn_mask=mask)[0]  # (KVH, G*T, D) = (H, T, D) in head order
             if not native_att:
                 att = att.reshape(h, t, d).transpose(0, 1).reshape(t, h * d)  # (T, C)
             x = x + wo(att)
@@ -650,6 +657,8 @@ class LeanLM:
             if self.manual_attention:
                 bias = torch.zeros(n, start + n, dtype=self.kv.dtype, device=self.device).masked_fill_(~mask, float("-inf"))
                 bias = bias.repeat(group, 1)
+            else:
+                mask = mask.repeat(group, 1)  # SDPA's rows: the heads sharing a KV head, each with its N queries
         layers = self.layers
         if per_token and self.native:
             x, layers = self._native_tree_layers(x, cos.contiguous(), sin.contiguous(), tree_kv, start, depth, order), ()
@@ -674,10 +683,9 @@ class LeanLM:
                 if self.manual_attention:
                     scores = torch.matmul(q.float().reshape(kvh, group * n, d), keys.transpose(1, 2)).mul_(self.scale)
                     att = torch.matmul(torch.softmax(scores.add_(bias), -1), values).to(x.dtype)
-                else:
-                    if group > 1:
-                        keys, values = keys.repeat_interleave(group, 0), values.repeat_interleave(group, 0)
-                    att = torch.nn.functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+                else:  # 4-D, the G heads' rows under one KV head (see _forward)
+                    att = torch.nn.functional.scaled_dot_product_attention(
+                        q.reshape(1, kvh, group * n, d), keys[None], values[None], attn_mask=mask)[0]
             att = att.reshape(h, n, d).transpose(0, 1).reshape(n, h * d)
             x = x + wo(att)
             gate, up = wgu(self._rms(x, ln2, self.eps)).split(self.ffn, -1)
