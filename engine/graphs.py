@@ -113,6 +113,12 @@ class Graphs:
                        for n in range(1, max_rows + 1)}
         self._graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.capture else None
+        # the ids go up from pinned memory without a host sync (a copy from pageable memory costs the
+        # host a staged, synchronous copy on every step); the event keeps the next step from rewriting
+        # the pinned rows before the previous copy has read them
+        pinned = dev.type == "cuda"
+        self._ids_host = torch.zeros(max_rows, dtype=torch.long, pin_memory=pinned)
+        self._ids_read = torch.cuda.Event() if pinned else None
         self.captures = 0
 
     def reset(self) -> None:
@@ -133,7 +139,12 @@ class Graphs:
         # where the padding has no room, the real rows run alone
         rows = self.max_rows if self.pad and start + self.max_rows <= lm.max_len else n
         span = span_for(start + rows, lm.max_len, self.span_step)
-        self._ids[:rows].copy_(torch.tensor(list(tokens) + [0] * (rows - n), dtype=torch.long))
+        if self._ids_read is not None:
+            self._ids_read.synchronize()  # done long ago in a decode loop (its argmax synced the host)
+        self._ids_host[:rows] = torch.tensor(list(tokens) + [0] * (rows - n), dtype=torch.long)
+        self._ids[:rows].copy_(self._ids_host[:rows], non_blocking=self._ids_read is not None)
+        if self._ids_read is not None:
+            self._ids_read.record()
         self._start.fill_(start)
         buffered = parents is not None or rows > n
         if buffered:
