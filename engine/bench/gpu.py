@@ -79,6 +79,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", default="smollm2-135m",
                    help="shapes whose graphed decode is also timed with the forward compiled by torch.compile "
                         "(inductor; one compilation per context; run last: compiling takes tens of seconds)")
+    p.add_argument("--compile-backend", default="inductor",
+                   help="torch.compile backend for --compile (the CPU test uses aot_eager: no C++ build)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the results as JSON")
 
@@ -353,12 +355,22 @@ def measure_compiled(name: str, args, device, dtype, contexts: list[int]) -> dic
     rng = random.Random(args.seed)
     tokens = [rng.randrange(model.config.vocab_size) for _ in range(max(contexts))]
     lm = LeanLM(model, device, max_len=max(contexts) + 64)
-    lm.graphs = Graphs(lm, compile="inductor")
+    lm.graphs = Graphs(lm, compile=args.compile_backend)
     out: dict[str, Any] = {}
     started = time.perf_counter()
     out["decode_ms"] = {str(c): decode_ms(lm, tokens[: max(1, c - args.steps - 8)], args.steps, device) for c in contexts}
     out["wall_s"] = round(time.perf_counter() - started, 1)  # compilations included
-    del lm, model
+    # the compiled forward must be the eager one (it writes the cache's per-layer views in place):
+    # a prefill and a decode step on both, their logits compared
+    eager = LeanLM(model, device, max_len=max(contexts) + 64)
+    probe = tokens[:64]
+    diffs = []
+    for m in (lm, eager):
+        m.reset()
+        m.forward(probe[:-1], keep_logits=1)
+    diffs.append(float((lm.forward(probe[-1:]).float() - eager.forward(probe[-1:]).float()).abs().max()))
+    out["compiled_vs_eager_max_diff"] = max(diffs)
+    del lm, model, eager
     gc.collect()
     return out
 

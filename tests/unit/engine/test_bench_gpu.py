@@ -18,13 +18,15 @@ def test_the_bench_runs_every_part_on_a_tiny_shape(tmp_path, capsys):
     out = tmp_path / "gpu.json"
     rc = main(["bench", "gpu", "--shapes", "tiny", "--device", "cpu", "--dtype", "float32", "--contexts", "40,80",
                "--ks", "2,4", "--steps", "2", "--reps", "1", "--exact-steps", "8", "--copy-mib", "4",
-               "--pair", "tiny:tiny", "--json", str(out)])
+               "--pair", "tiny:tiny", "--compile", "tiny", "--compile-backend", "aot_eager", "--json", str(out)])
     assert rc == 0
     res = json.loads(out.read_text())
     assert res["ks"] == [1, 2, 4] and res["bandwidth_GBps"] > 0
     (shape,) = res["shapes"]
     errors = {k: v for k, v in shape.items() if isinstance(v, dict) and "error" in v}
     assert not errors
+    compiled = shape["compiled"]  # the compiled forward timed, and checked against the eager one
+    assert set(compiled["decode_ms"]) == {"40", "80"} and compiled["compiled_vs_eager_max_diff"] < 1e-4
     for key in ("transformers_decode_ms", "lean_decode_ms", "graphs_decode_ms", "padded_decode_ms",
                 "padded_whole_decode_ms", "floor_ms"):
         assert set(shape[key]) == {"40", "80"} and all(v > 0 for v in shape[key].values()), key

@@ -127,15 +127,18 @@ def test_captured_graphs_equal_the_eager_forward_on_cuda():
     assert graphed.graphs.captures == 2
 
 
-def test_the_forward_traces_under_torch_compile():
-    """What `Graphs(compile="inductor")` compiles on a GPU, traced here by dynamo with the eager backend."""
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_the_forward_traces_under_torch_compile(backend):
+    """What `Graphs(compile="inductor")` compiles on a GPU, traced here by dynamo: "eager" checks the
+    graph capture; "aot_eager" also runs AOTAutograd's functionalization, which inductor uses and which
+    must carry the in-place K/V writes to the cache's per-layer views (aliases of one tensor)."""
     import torch._dynamo
 
     from engine.graphs import Graphs
 
     model = tiny_model("qwen2", seed=4)
     eager, traced = LeanLM(model, CPU, max_len=256), LeanLM(model, CPU, max_len=256)
-    traced.graphs = Graphs(traced, compile="eager")
+    traced.graphs = Graphs(traced, compile=backend)
     torch._dynamo.reset()
     try:
         for new in (list(range(3, 40)), [5], [6, 7, 8], [9]):
