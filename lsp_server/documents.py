@@ -81,7 +81,8 @@ def prefix_window(before: str, budget: int, quantum: int) -> str:
         return before
     start = len(before) - budget
     if quantum > 0:
-        start = -(-start // quantum) * quantum
+        rounded = -(-start // quantum) * quantum
+        start = rounded if rounded < len(before) else start  # a budget under one quantum: no rounding past the cursor
     newline = before.find("\n", start)
     return before[newline + 1 :] if newline != -1 else before[start:]
 
@@ -90,7 +91,7 @@ def suffix_window(after: str, budget: int) -> str:
     if len(after) <= budget:
         return after
     cut = after.rfind("\n", 0, budget)
-    return after[: cut + 1] if cut > 0 else after[:budget]
+    return after[: cut + 1] if cut >= 0 else after[:budget]  # a suffix opening with a newline keeps it
 
 
 def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str) -> Snapshot | None:
@@ -101,7 +102,11 @@ def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str) -> Snapsho
     cut = len(snap.before) - start
     if cut < 0:
         return None
-    return Snapshot(snap.uri, snap.version, snap.language, snap.path, snap.before[:start] + text, snap.after)
+    # the item replaces the whole range, which may reach past the cursor (`pri|nt` with `print`): what
+    # follows is the text after the range's end
+    end = doc.offset_at_position(rng.end)
+    after = doc.source[end:] if end >= len(snap.before) else snap.after
+    return Snapshot(snap.uri, snap.version, snap.language, snap.path, snap.before[:start] + text, after)
 
 
 def inline_item(snap: Snapshot, position: t.Position, text: str, selected: t.SelectedCompletionInfo | None):

@@ -64,6 +64,8 @@ class SuggestionCache:
 
 def _key(request: CompletionRequest) -> bytes:
     h = hashlib.blake2b(digest_size=16)
-    for part in (request.mode, request.path, request.prefix, "\x00", request.suffix):
-        h.update(part.encode("utf-8", "surrogatepass"))
+    # every part ends in a NUL (no two requests' parts run together into one key), and the workspace
+    # folder's name is in it: two roots with the same relative path and text are two prompts
+    for part in (request.mode, request.path, request.repo, request.prefix, request.suffix):
+        h.update(part.encode("utf-8", "surrogatepass") + b"\x00")
     return h.digest()

@@ -263,3 +263,14 @@ def test_draftline_complete_names_the_workspace_in_the_request(tmp_path):
     done = complete_file(ws / "pkg" / "a.py", 1, 4, config, None, ws)
     assert done.request.repo == "proj" and done.request.path == "pkg/a.py"
     assert complete_file(ws / "pkg" / "a.py", 1, 4, config).request.repo == ""  # no workspace: no name
+
+
+def test_the_cache_key_keeps_its_parts_apart_and_names_the_workspace_folder():
+    from dataclasses import replace
+
+    from lsp_server.suggestions import _key
+
+    base = build_request(snap("x = "), CompletionConfig())
+    assert _key(replace(base, path="a", prefix="bc")) != _key(replace(base, path="ab", prefix="c"))
+    assert _key(replace(base, repo="one")) != _key(replace(base, repo="two"))  # same relative path in two roots
+    assert _key(replace(base)) == _key(base)

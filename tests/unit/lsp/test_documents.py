@@ -43,3 +43,27 @@ def test_positions_outside_the_document_have_no_snapshot():
     doc = TextDocument(URI, "abc\n")
     assert snapshot(doc, 2, 0, ()) is None and snapshot(doc, 1, 1, ()) is None and snapshot(doc, 0, -1, ()) is None
     assert snapshot(doc, 1, 0, ()).before == "abc\n"  # the empty line after the last newline
+
+
+def test_a_popup_item_replaces_its_whole_range_even_past_the_cursor():
+    from lsprotocol import types as t
+
+    from lsp_server.documents import with_selection
+
+    doc = TextDocument(URI, "x = print(1)\n")  # the cursor after "pri"
+    snap = snapshot(doc, 0, 7, ())
+    assert (snap.before, snap.after) == ("x = pri", "nt(1)\n")
+    rng = t.Range(start=t.Position(line=0, character=4), end=t.Position(line=0, character=9))  # the word "print"
+    chosen = with_selection(snap, doc, rng, "print")
+    assert (chosen.before, chosen.after) == ("x = print", "(1)\n")  # not "printnt(1)"
+    at_cursor = t.Range(start=t.Position(line=0, character=4), end=t.Position(line=0, character=7))
+    assert with_selection(snap, doc, at_cursor, "print").after == "nt(1)\n"
+
+
+def test_windows_at_their_edges():
+    from lsp_server.documents import prefix_window, suffix_window
+
+    text = "a" * 50 + "\n" + "b" * 30
+    assert prefix_window(text, budget=40, quantum=128) != ""  # a budget under one quantum still has a window
+    assert text.endswith(prefix_window(text, budget=40, quantum=128))
+    assert suffix_window("\n" + "x" * 50, 10) == "\n"  # a suffix opening with a newline: cut at it
