@@ -198,6 +198,10 @@ def train(cfg: TrainConfig) -> dict:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     out = Path(cfg.out)
+    if cfg.resume and not (out / "target" / "config.json").exists():
+        # a fresh start under --resume would train random models (and, with --models draft, a draft
+        # against an untrained target) and could load another run's optimizer state into them
+        raise ValueError(f"--resume: no checkpoint in {out} (no target/config.json); drop --resume to start afresh")
     state_dir = Path(cfg.state) if cfg.state else default_state_dir(out)
     out.mkdir(parents=True, exist_ok=True)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -209,7 +213,7 @@ def train(cfg: TrainConfig) -> dict:
     corpus = collect(max_chars=cfg.max_chars, per_package_chars=max(8_000_000, cfg.max_chars * 2 // 15))
     log.info("corpus: %d train files, %d held-out files", len(corpus.train), len(corpus.held_out))
     tdir, ddir = out / "target", out / "draft"
-    if cfg.resume and (tdir / "config.json").exists():
+    if cfg.resume:
         tok = AutoTokenizer.from_pretrained(tdir)
         target = LlamaForCausalLM.from_pretrained(tdir, dtype=torch.float32)
         draft = LlamaForCausalLM.from_pretrained(ddir, dtype=torch.float32)

@@ -59,3 +59,27 @@ def test_an_unknown_size_is_refused_before_any_work(tmp_path):
 
     with pytest.raises(ValueError, match="unknown size"):
         train(TrainConfig(out=str(tmp_path), state=str(tmp_path), size="huge"))
+
+
+def test_resume_without_a_checkpoint_is_refused_before_any_work(tmp_path):
+    """--resume on an empty folder would have trained fresh random models (and a draft against an
+    untrained target with --models draft) and loaded another run's optimizer state into them."""
+    from engine.training.train import train
+
+    with pytest.raises(ValueError, match="no checkpoint"):
+        train(TrainConfig(out=str(tmp_path / "none"), state=str(tmp_path / "state"), resume=True, models=("draft",)))
+    assert not (tmp_path / "none").exists()
+
+
+def test_padding_is_masked_out_of_the_targets():
+    import numpy as np
+
+    from engine.training.train import _row_batch
+
+    pad = 0
+    rows = np.array([[5, 6, 7, pad, pad], [8, 9, pad, pad, pad]], dtype=np.int32)
+    x, y = _row_batch(rows, TrainConfig(batch=8), np.random.default_rng(0), pad)
+    assert x.shape == y.shape == (8, 4)
+    for xi, yi in zip(x, y):  # every target that is padding is ignored, every other one kept
+        full = next(r for r in rows.tolist() if r[:4] == xi.tolist())
+        assert [t == -100 for t in yi.tolist()] == [t == pad for t in full[1:]]
