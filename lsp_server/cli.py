@@ -60,7 +60,11 @@ def _train(args: argparse.Namespace) -> int:
                       draft_lr=args.draft_lr or defaults.draft_lr, seq=args.seq, batch=args.batch or max(1, 8192 // args.seq),
                       models=tuple(args.models.split(",")), size=args.size, device=args.device,
                       max_chars=args.max_chars, fim_rate=args.fim_rate)
-    train(cfg)
+    try:
+        train(cfg)
+    except ValueError as exc:  # a refused setting (--resume without a checkpoint, an unknown --size): said, not a traceback
+        print(f"draftline train: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
