@@ -216,6 +216,21 @@ def evaluate(model: EagleDraftModule, fz: _Frozen, head_ids: torch.Tensor, toks:
             "target_top1_in_head": round(covered / max(1, count), 4), "positions": count}
 
 
+def cached_features(path: Path | None, made_from: dict) -> dict | None:
+    """An earlier run's features (`--features`), if that file exists and was made from the same target,
+    window and shapes; None (with a warning for a mismatch) when they must be computed again."""
+    import torch
+
+    if path is None or not path.is_file():
+        return None
+    saved = torch.load(path, weights_only=True)
+    if saved.get("made_from") != made_from:
+        log.warning("features in %s were made from %s, not %s: computing them again", path,
+                    saved.get("made_from", "an unrecorded target"), made_from)
+        return None
+    return saved
+
+
 def train_eagle(cfg: EagleTrainConfig) -> dict:
     """Features from the target, then the draft; writes cfg.out and returns the run's summary."""
     import numpy as np
@@ -242,8 +257,12 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
              time.perf_counter() - t0)
     ids = frequent_ids(tok, cfg.head_tokens, lm.lm_head.w.shape[0])
     cached = Path(cfg.features) if cfg.features else None
-    if cached is not None and cached.is_file():  # an earlier run's features: the optimizer steps alone
-        saved = torch.load(cached, weights_only=True)
+    # what the features were made from: another target (or window) would train the draft on features
+    # its target never gives
+    made_from = {"target": str(target), "window": cfg.window, "hidden": int(lm.embed.shape[1]),
+                 "vocab": int(lm.embed.shape[0])}
+    saved = cached_features(cached, made_from)
+    if saved is not None:  # an earlier run's features: the optimizer steps alone
         held_toks, held_feats, toks, feats = saved["held_toks"], saved["held_feats"], saved["toks"], saved["feats"]
         log.info("features read from %s", cached)
     else:
@@ -251,7 +270,8 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
         toks, feats = features(lm, train_stream, cfg.window, cfg.data_minutes, rng)
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            torch.save({"held_toks": held_toks, "held_feats": held_feats, "toks": toks, "feats": feats}, cached)
+            torch.save({"held_toks": held_toks, "held_feats": held_feats, "toks": toks, "feats": feats,
+                        "made_from": made_from}, cached)
     log.info("features: %d training windows of %d tokens", len(toks), cfg.window)
     fz = _Frozen(lm, ids)
     model = EagleDraftModule(int(lm.embed.shape[1]), lm.n_heads, lm.n_kv, lm.head_dim, lm.ffn, lm.eps).to(lm.device)

@@ -281,3 +281,17 @@ def test_a_self_draft_never_writes_the_targets_features():
     draft = SelfDraftLM(target, 1)
     draft.forward(PROMPTS[2])
     assert draft.hidden is None and torch.equal(target.hidden, before)
+
+
+def test_cached_features_are_used_only_for_the_target_they_were_made_from(tmp_path):
+    from engine.training.eagle import cached_features
+
+    made = {"target": "/m/smollm2", "window": 256, "hidden": 576, "vocab": 49152}
+    path = tmp_path / "feats.pt"
+    assert cached_features(path, made) is None  # no file yet
+    torch.save({"toks": torch.zeros(1), "made_from": made}, path)
+    assert cached_features(path, made)["made_from"] == made
+    assert cached_features(path, {**made, "target": "/m/other"}) is None  # another target: computed again
+    assert cached_features(path, {**made, "window": 512}) is None
+    torch.save({"toks": torch.zeros(1)}, path)  # a file from before the record
+    assert cached_features(path, made) is None
