@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import re
+
 from engine.types import Mode
 
 OPENERS = {"(": ")", "[": "]", "{": "}"}
 CLOSERS = {v: k for k, v in OPENERS.items()}
 BLOCK_OPENERS = (":", "{", "(", "[", "=>", "->")
 CLOSER_LINE_CHARS = set(")]};, \t")
+# A rest of line made of one of these is the closing half of a pair (an editor's auto-close) or a
+# statement's end; one the completion ends with again is dropped (brackets: balance_brackets).
+CLOSING_CHARS = set("\"'`:;,")
+QUOTES = set("\"'`")
+# A one-line string literal or a bracket: brackets inside strings do not count as open.
+_BRACKET_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[()\[\]{}]')
 
 
 def choose_mode(prefix: str, suffix: str, setting: str = "auto") -> Mode:
@@ -27,6 +35,14 @@ def choose_mode(prefix: str, suffix: str, setting: str = "auto") -> Mode:
 
 def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int = 0) -> str:
     """All the rules in order; pure."""
+    # A CRLF document: the rules split on "\n", so a kept "\r" would end the suggestion or hide a
+    # closer from the bracket rules. Work on "\n"; the result gets the document's line ending
+    # (the model's own where the windows hold no line break to tell).
+    if "\r\n" in prefix or "\r\n" in suffix:
+        crlf = True
+    else:
+        crlf = "\n" not in prefix and "\n" not in suffix and "\r\n" in text
+    text, prefix, suffix = (s.replace("\r\n", "\n") for s in (text, prefix, suffix))
     if mode == "single-line":
         text = text.split("\n", 1)[0]
     else:
@@ -34,8 +50,9 @@ def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int 
         if max_lines:
             text = "\n".join(text.split("\n")[:max_lines])
     text = drop_suffix_overlap(text, suffix, prefix)
-    text = balance_brackets(text, suffix)
-    return _trim_trailing_blank(text)
+    text = balance_brackets(text, suffix, prefix)
+    text = _trim_trailing_blank(text)
+    return text.replace("\n", "\r\n") if crlf else text
 
 
 def indent_of(line: str) -> int:
@@ -79,37 +96,83 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "") -> str:
     """Cut where the completion meets the code that already follows the cursor."""
     rest_of_line = suffix.split("\n", 1)[0].strip()
     lines = text.split("\n")
-    if rest_of_line and len(lines) == 1 and len(rest_of_line) > 1 and text.rstrip().endswith(rest_of_line):
-        return text.rstrip()[: -len(rest_of_line)]
-    anchor = rest_of_line or _first_code_line(suffix.split("\n", 1)[1] if "\n" in suffix else "")
-    if len(anchor) < 2:
-        return text
     line_before = prefix.rsplit("\n", 1)[-1]
+    if rest_of_line and len(lines) == 1:
+        body = text.rstrip()
+        if set(rest_of_line) <= set(CLOSERS) | {" ", "\t"}:
+            pass  # only brackets: balance_brackets weighs them against what the prefix left open
+        elif len(rest_of_line) > 1:
+            if body.endswith(rest_of_line):
+                return body[: -len(rest_of_line)]
+        elif rest_of_line in CLOSING_CHARS and body.endswith(rest_of_line):
+            # One character is too common to drop blindly: a quote only where it closes a string
+            # the cursor's line opened (odd count before it), so the suffix's quote closes it instead.
+            if rest_of_line not in QUOTES or _count_quote(line_before + body[:-1], rest_of_line) % 2:
+                return body[:-1]
+    if rest_of_line:
+        anchor = rest_of_line
+    else:
+        # The next code line, indentation kept: a later line of the completion repeats it only at the
+        # same indent (``return None`` inside a new ``if`` body is new code, not the suffix's line).
+        anchor = _first_code_line(suffix.split("\n", 1)[1] if "\n" in suffix else "")
+    if len(anchor.strip()) < 2:
+        return text
     for i, line in enumerate(lines):
-        whole = line_before + line if i == 0 else line
-        if whole.strip() == anchor and (i > 0 or not rest_of_line):
+        if i == 0:  # starts at the cursor, mid-line: compared without indentation
+            if not rest_of_line and (line_before + line).strip() == anchor.strip():
+                return ""
+        elif (line.strip() if rest_of_line else line.rstrip()) == anchor:
             return "\n".join(lines[:i])
     return text
 
 
+def _count_quote(line: str, quote: str) -> int:
+    """Unescaped ``quote`` characters in ``line``."""
+    return line.count(quote) - line.count("\\" + quote)
+
+
 def _first_code_line(text: str) -> str:
+    """The first non-blank line, its indentation kept."""
     for line in text.split("\n"):
         if line.strip():
-            return line.strip()
+            return line.rstrip()
     return ""
 
 
-def balance_brackets(text: str, suffix: str) -> str:
-    """Drop trailing closers of the completion that the suffix already supplies."""
+def balance_brackets(text: str, suffix: str, prefix: str = "") -> str:
+    """Drop trailing closers of the completion that the suffix already supplies.
+
+    Only the closers too many: the completion's trailing closers and the suffix's leading ones
+    together beyond the brackets left open before them (by the prefix and the completion) -- in
+    ``foo(bar(`` + ``x)`` + ``)`` both closers are needed. A ``,``/``;`` after a kept closer stays.
+    """
     trailing = _trailing_unmatched_closers(text)  # [(index, char)] in text order
     if not trailing:
         return text
     ahead = "".join(c for c in _leading_closer_run(suffix) if c in CLOSERS)
     chars = "".join(c for _, c in trailing)
-    for j in range(min(len(chars), len(ahead)), 0, -1):
+    # Scanned as one text: a string the prefix opens may be closed by the completion.
+    still_open = len(open_brackets(prefix + text[: trailing[0][0]]))
+    for j in range(min(len(chars), len(ahead), len(chars) + len(ahead) - still_open), 0, -1):
         if chars[-j:] == ahead[:j]:
             return text[: trailing[-j][0]].rstrip(" \t")
     return text
+
+
+def open_brackets(code: str) -> list[str]:
+    """The openers left open at the end of ``code``; brackets in one-line string literals are skipped.
+
+    A closer whose opener is deeper in the stack closes it and gives up the ones above it (a stray
+    opener from a comment or a multi-line string); a closer with no opener is ignored (a window cut).
+    """
+    stack: list[str] = []
+    for m in _BRACKET_TOKENS.finditer(code):
+        c = m.group()
+        if c in OPENERS:
+            stack.append(c)
+        elif c in CLOSERS and CLOSERS[c] in stack:
+            del stack[len(stack) - 1 - stack[::-1].index(CLOSERS[c]) :]
+    return stack
 
 
 def _trailing_unmatched_closers(text: str) -> list[tuple[int, str]]:
@@ -126,7 +189,7 @@ def _trailing_unmatched_closers(text: str) -> list[tuple[int, str]]:
     tail: list[tuple[int, str]] = []
     end = len(text.rstrip())
     for i, c in reversed(unmatched):
-        if text[i + 1 : end].strip(" \t\n;,") == "":
+        if text[i + 1 : end].strip(" \t\r\n;,") == "":
             tail.insert(0, (i, c))
             end = i
         else:
@@ -137,7 +200,7 @@ def _trailing_unmatched_closers(text: str) -> list[tuple[int, str]]:
 def _leading_closer_run(suffix: str) -> str:
     out = []
     for c in suffix:
-        if c in CLOSERS or c in " \t\n":
+        if c in CLOSERS or c in " \t\r\n":
             out.append(c)
         else:
             break

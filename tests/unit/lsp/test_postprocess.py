@@ -42,3 +42,43 @@ def test_golden(path: Path):
 
 def test_there_are_golden_cases():
     assert len(CASES) >= 10
+
+
+@pytest.mark.parametrize(
+    "text, prefix, suffix, mode, expected",
+    [
+        # single-line: the first line without its "\r"
+        ("x = 1\r\ny = 2", "a = 0\r\n", "\r\n", "single-line", "x = 1"),
+        # the scope cut leaves no "\r" either; the kept lines keep CRLF
+        ("a = 1\r\n    b = 2\r\nc = 3", "def f():\r\n    ", "\r\n", "multi-line", "a = 1\r\n    b = 2"),
+        # a closer the suffix's next line supplies is dropped, as in an LF document
+        ("a,\r\n    b\r\n)", "foo(\r\n    ", "\r\n)\r\n", "multi-line", "a,\r\n    b"),
+        # an LF document gets LF even where the model wrote CRLF
+        ("a = 1\r\n    b = 2", "def f():\n    ", "\n", "multi-line", "a = 1\n    b = 2"),
+    ],
+)
+def test_crlf_documents(text, prefix, suffix, mode, expected):
+    assert postprocess(text, prefix, suffix, mode) == expected
+
+
+@pytest.mark.parametrize(
+    "text, prefix, suffix, expected",
+    [
+        # a bracket in a string of the prefix is not left open: the completion's closer is one too many
+        ("x)", 's = "("\nfoo(', ")", "x"),
+        # the completion closes the string the prefix opened; the bracket in it does not count
+        ('b")', 'print("a (', ")", 'b"'),
+    ],
+)
+def test_brackets_in_strings_do_not_count(text, prefix, suffix, expected):
+    assert postprocess(text, prefix, suffix, "single-line") == expected
+
+
+def test_a_quote_that_opens_a_string_is_kept():
+    # before the completion's quote the line's strings are closed: it opens one, the suffix's does not close it
+    assert postprocess('b"', 's = "a" + ', '"', "single-line") == 'b"'
+
+
+def test_a_multi_character_rest_of_line_is_still_dropped():
+    assert postprocess('hi")', 'print("', '")', "single-line") == "hi"
+    assert postprocess("1);", "foo(", ");", "single-line") == "1"
