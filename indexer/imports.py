@@ -275,7 +275,7 @@ def resolve(imp: Import, path: str, files: FileTable) -> list[str]:
                 return _best(found, path)
         return []
     if language == "rust":
-        return _resolve_rust(imp, here, files)
+        return _resolve_rust(imp, os.path.abspath(path), files)
     if language == "java":
         rel = imp.module.replace(".", "/")
         if imp.name and imp.name != "*":
@@ -303,7 +303,8 @@ def _resolve_python(imp: Import, here: str, files: FileTable) -> list[str]:
         for _ in range(level - 1):
             base = os.path.dirname(base)
         anchor = os.path.join(base, *parts)
-        tries = [anchor + ".py", os.path.join(anchor, "__init__.py")]
+        # `from . import x` names the package itself (anchor is its directory): no anchor + ".py"
+        tries = ([anchor + ".py"] if parts else []) + [os.path.join(anchor, "__init__.py")]
         if imp.name and imp.name != "*":  # `from . import sib`: a submodule first
             tries.insert(0, os.path.join(anchor, imp.name + ".py"))
             tries.insert(1, os.path.join(anchor, imp.name, "__init__.py"))
@@ -316,15 +317,39 @@ def _resolve_python(imp: Import, here: str, files: FileTable) -> list[str]:
     if not parts:
         return []
     rel = "/".join(parts)
-    found: list[str] = []
+    # (suffix, preference among files under one import root): a submodule named by `from m import x`
+    # before m itself, and, as Python's finder does, a package directory before a same-named m.py
+    forms = [(rel + "/__init__.py", 2), (rel + ".py", 3)]
     if imp.name and imp.name != "*":
-        found = _with_suffix(files, f"{rel}/{imp.name}.py") or _with_suffix(files, f"{rel}/{imp.name}/__init__.py")
-    if not found:
-        found = _with_suffix(files, rel + ".py") or _with_suffix(files, rel + "/__init__.py")
-    return _best(found, os.path.join(here, "x"))
+        forms[:0] = [(f"{rel}/{imp.name}/__init__.py", 0), (f"{rel}/{imp.name}.py", 1)]
+    ranked = []
+    for suffix, order in forms:
+        for p in _with_suffix(files, suffix):
+            root = p[: len(p) - len(suffix) - 1]  # the directory the import is relative to
+            # the nearest root first: one that holds the importing file (the script's directory or a
+            # source root above it), deepest first, then by shared prefix; not the first *.py anywhere
+            inside = here == root or here.startswith(root.rstrip(os.sep) + os.sep)
+            shared = len(os.path.commonpath([root, here])) if os.path.isabs(root) == os.path.isabs(here) else 0
+            ranked.append(((not inside, -shared, order, len(p), p), p))
+    return list(dict.fromkeys(p for _, p in sorted(ranked)))
 
 
-def _resolve_rust(imp: Import, here: str, files: FileTable) -> list[str]:
+def _rust_crate_root(path: str, files: FileTable) -> bool:
+    """Whether the file is a crate root (or a mod.rs), whose submodules live beside it, not below it."""
+    here, name = os.path.split(path)
+    if name in ("mod.rs", "lib.rs", "main.rs", "build.rs"):
+        return True
+    parent, dirname = os.path.split(here)
+    if dirname == "bin" and os.path.basename(parent) == "src":  # src/bin/tool.rs
+        return True
+    # tests/x.rs, examples/x.rs, benches/x.rs are crates of their own, unless that directory is the
+    # module directory of a tests.rs (or tests/mod.rs) beside it
+    return dirname in ("tests", "examples", "benches") and \
+        here + ".rs" not in files and os.path.join(here, "mod.rs") not in files
+
+
+def _resolve_rust(imp: Import, path: str, files: FileTable) -> list[str]:
+    here = os.path.dirname(path)
     parts = [p for p in imp.module.split("::") if p]
     if not parts:
         return []
@@ -336,7 +361,8 @@ def _resolve_rust(imp: Import, here: str, files: FileTable) -> list[str]:
                 (_with_suffix(files, "src/" + "/".join(parts) + "/mod.rs") if parts else []) or \
                 (_with_suffix(files, "src/lib.rs") + _with_suffix(files, "src/main.rs") if not parts else [])
         return _best(found, os.path.join(here, "x"))
-    base = here
+    # the module's own directory: where `mod x;` and `self::x` look, and `super` is its parent
+    base = here if _rust_crate_root(path, files) else os.path.join(here, os.path.splitext(os.path.basename(path))[0])
     while parts and parts[0] in ("self", "super"):
         if parts.pop(0) == "super":
             base = os.path.dirname(base)

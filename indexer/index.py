@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -30,6 +31,20 @@ Progress = Callable[[int, int, str], None]
 MODES = ("hybrid", "bm25", "dense")
 BUILD_COMMIT_S = 2.0  # during build(), make BM25 additions searchable at most this often
 _DEFAULT = object()
+# Part of the store's content fingerprint: bump it when a change to chunker.py or files.py changes
+# what an unchanged file yields (chunks, symbols, skips), so that existing caches are rebuilt.
+CHUNKER_VERSION = "1"
+
+
+def content_fingerprint(config: IndexConfig) -> str:
+    """A hash of the settings that decide which files are read and how they are chunked: the store is
+    rebuilt when it changes (build() alone re-reads only files whose mtime or size changed)."""
+    secrets = ((tuple(config.secret_name_patterns), tuple(config.secret_content_patterns))
+               if config.exclude_secrets else ())
+    fields = (CHUNKER_VERSION, config.exclude_secrets, secrets, config.max_file_bytes, config.max_chunk_lines,
+              config.window_lines, config.max_chunk_chars, config.follow_symlinks,
+              config.symlinks_outside_roots, tuple(config.extra_ignore))
+    return hashlib.sha256(repr(fields).encode()).hexdigest()[:16]
 
 
 class Index:
@@ -52,7 +67,8 @@ class Index:
         self.filter = FileFilter(self.roots, self.config, extra_excluded_dirs=(self.cache_dir,))
         self.chunker = Chunker(self.config)
         dim = embedder.dim if embedder is not None else 0
-        self.store = Store(self.cache_dir, embedder.name if embedder is not None else "none", dim)
+        self.store = Store(self.cache_dir, embedder.name if embedder is not None else "none", dim,
+                           content=content_fingerprint(self.config))
         self.bm25 = Bm25Index(self.config.bm25_df_cutoff, self.config.max_query_tokens)
         self.vectors = VectorMatrix(dim) if embedder is not None else None
         self._lock = threading.RLock()  # in-memory maps
@@ -95,6 +111,8 @@ class Index:
         t0 = time.perf_counter()
         states = self.store.file_states()
         self._digests = {p: s.digest for p, s in states.items()}
+        for path in states:  # every indexed file, chunks or not (an empty __init__.py names its package)
+            self.files.add(path)
         missing: list[Chunk] = []
         ids: list[int] = []
         vecs: list[np.ndarray] = []
@@ -103,7 +121,6 @@ class Index:
             self._chunks[chunk.id] = chunk
             self._tokens[chunk.id] = stored.tokens
             self._path_chunks.setdefault(chunk.path, []).append(chunk.id)
-            self.files.add(chunk.path)
             self.bm25.add(chunk.id, chunk.path, stored.tokens)
             if self.vectors is not None:
                 if stored.vector is None:
@@ -234,10 +251,10 @@ class Index:
         ]
 
     def _commit_sources(self, sources: list[SourceFile], removals: list[str], commit: bool = True) -> None:
-        """Persist then publish: store first (one transaction), memory second; ``commit`` makes it searchable."""
+        """Persist then publish: store first (writes and deletes in one transaction), memory second;
+        ``commit`` makes it searchable."""
         records = self._records(sources) if sources else []
-        ids = self.store.write_files(records) if records else []
-        self.store.delete_files(removals)
+        ids = self.store.write_files(records, removals)
         with self._lock:
             for path in removals:
                 self._forget(path)

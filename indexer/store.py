@@ -7,7 +7,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -73,7 +73,9 @@ class StoredChunk:
 class Store:
     """The on-disk index. Thread-safe (one connection behind a lock)."""
 
-    def __init__(self, directory: Path, embedder_name: str, dim: int):
+    def __init__(self, directory: Path, embedder_name: str, dim: int, content: str | None = None):
+        """``content``: a fingerprint of the settings that decide what is read and how it is chunked;
+        a store written under another one is cleared (None: not checked)."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "index.sqlite3"
@@ -82,18 +84,29 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        stored_content = self._meta("content")
         if self._meta("schema") not in (None, SCHEMA_VERSION):
             log.warning("index schema changed; clearing %s", self.path)
-            self._db.executescript("".join(f"DROP TABLE IF EXISTS {t};" for t in _TABLES))
+            self._drop_tables()
+        elif content is not None and stored_content != content:
+            # build() re-reads only files whose mtime/size changed, so rows made under other secret,
+            # limit or chunk settings would stay (a secret now excluded would stay searchable).
+            # A store from before fingerprints (None) is cleared too: what made it is unknown.
+            if stored_content is not None:
+                log.warning("index content settings changed; clearing %s", self.path)
+            self._drop_tables()
         self._db.executescript(_SCHEMA)
         self._dim = dim
-        self._check_meta(embedder_name, dim)
+        self._check_meta(embedder_name, dim, content)
+
+    def _drop_tables(self) -> None:
+        self._db.executescript("".join(f"DROP TABLE IF EXISTS {t};" for t in _TABLES))
 
     def _meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return row[0] if row else None
 
-    def _check_meta(self, embedder_name: str, dim: int) -> None:
+    def _check_meta(self, embedder_name: str, dim: int, content: str | None) -> None:
         with self._lock:
             space = f"{embedder_name}:{dim}"
             if self._meta("vector_space") != space:
@@ -102,6 +115,8 @@ class Store:
                 self._db.execute("DELETE FROM vectors")
             self._db.execute("INSERT OR REPLACE INTO meta VALUES('schema', ?)", (SCHEMA_VERSION,))
             self._db.execute("INSERT OR REPLACE INTO meta VALUES('vector_space', ?)", (space,))
+            if content is not None:
+                self._db.execute("INSERT OR REPLACE INTO meta VALUES('content', ?)", (content,))
 
     def close(self) -> None:
         with self._lock:
@@ -134,13 +149,18 @@ class Store:
         return [Symbol(n, k, p, s, e, c, -1, cid) for n, k, p, s, e, c, cid in rows]
 
     # ---- writes -----------------------------------------------------------
-    def write_files(self, records: list[FileRecord]) -> list[list[int]]:
-        """Replace each record's file atomically (all records in one transaction). Returns chunk ids."""
+    def write_files(self, records: list[FileRecord], removals: Sequence[str] = ()) -> list[list[int]]:
+        """Delete the ``removals`` then replace each record's file, all in one transaction (a crash or
+        an error leaves the whole batch old). Returns the records' chunk ids."""
         all_ids: list[list[int]] = []
+        if not records and not removals:
+            return all_ids
         with self._lock:
             cur = self._db.cursor()
             cur.execute("BEGIN IMMEDIATE")
             try:
+                for path in removals:
+                    self._delete_path(cur, path)
                 for rec in records:
                     all_ids.append(self._write_file(cur, rec))
                 cur.execute("COMMIT")
@@ -208,18 +228,7 @@ class Store:
         cur.execute("DELETE FROM files WHERE path=?", (path,))
 
     def delete_files(self, paths: list[str]) -> None:
-        if not paths:
-            return
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                for path in paths:
-                    self._delete_path(cur, path)
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+        self.write_files([], paths)
 
     def set_file_state(self, path: str, mtime: float, size: int) -> None:
         with self._lock:

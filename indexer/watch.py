@@ -47,7 +47,8 @@ class Watcher:
         self.ignore_prefixes = tuple(os.path.abspath(d).rstrip(os.sep) + os.sep for d in ignore_dirs)
         self.debounce_s = debounce_s
         self.max_delay_s = max_delay_s
-        self._pending: dict[str, str] = {}  # path -> "touch" | "remove" | "touch_dir"
+        # path -> "touch" | "remove" | "touch_dir" | "remove+touch_dir" (see _note)
+        self._pending: dict[str, str] = {}
         self._first_at = 0.0
         self._last_at = 0.0
         self._cond = threading.Condition()
@@ -91,6 +92,10 @@ class Watcher:
         with self._cond:
             if not self._pending:
                 self._first_at = now
+            if action == "touch_dir" and self._pending.get(path, "").startswith("remove"):
+                # a directory moved away and another moved in (or made) in its place: the walk only
+                # touches what the new one holds, so the old one's files must be removed first
+                action = "remove+touch_dir"
             self._pending[path] = action
             self._last_at = now
             self._cond.notify_all()
@@ -131,16 +136,16 @@ class Watcher:
     def _dispatch(self, batch: dict[str, str]) -> None:
         for path, action in batch.items():
             try:
-                if action == "remove":
+                if action.startswith("remove"):
                     self.sink.remove(path)
-                elif action == "touch_dir":
+                if action.endswith("touch_dir"):
                     for dirpath, dirnames, filenames in os.walk(path):
                         dirnames[:] = [d for d in dirnames if not self.is_ignored(os.path.join(dirpath, d) + os.sep)]
                         for name in filenames:
                             full = os.path.join(dirpath, name)
                             if not self.is_ignored(full):
                                 self.sink.touch(full)
-                elif not self.is_ignored(path):
+                elif action == "touch" and not self.is_ignored(path):
                     self.sink.touch(path)
             except Exception:  # a bad event must not kill the watcher thread
                 log.exception("watch event for %s failed", path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Callable
 
 log = logging.getLogger(__name__)
@@ -15,32 +16,46 @@ class CoalescingWorker:
     Paths submitted again while a batch runs are simply processed in the next batch, so
     a burst of saves costs one update per path. ``remove=True`` means the path must leave
     the index even if it still exists on disk; a later plain submit clears that.
+
+    A batch whose handler raises is tried again (whole) after ``backoff_s``, doubling, at most
+    ``retries`` times, then logged and dropped; a path submitted again meanwhile goes with its new
+    request instead.
     """
 
-    def __init__(self, handler: Callable[[dict[str, bool]], None], name: str = "draftline-indexer"):
+    def __init__(self, handler: Callable[[dict[str, bool]], None], name: str = "draftline-indexer",
+                 retries: int = 3, backoff_s: float = 0.5):
         self._handler = handler
         self._dirty: dict[str, bool] = {}
+        self._retry: dict[str, bool] = {}  # failed paths waiting for _retry_at
+        self._retry_at = 0.0
+        self._attempts: dict[str, int] = {}  # path -> failed tries of the request it carries now
+        self.retries = retries
+        self.backoff_s = backoff_s
         self._cond = threading.Condition()
         self._busy = False
         self._stop = False
         self.errors = 0
+        self.dropped = 0  # paths given up on after their last retry
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def submit(self, path: str, remove: bool = False) -> None:
         with self._cond:
             self._dirty[path] = remove
+            self._retry.pop(path, None)  # the new request supersedes the failed one
+            self._attempts.pop(path, None)
             self._cond.notify_all()
 
     @property
     def pending(self) -> int:
         with self._cond:
-            return len(self._dirty) + (1 if self._busy else 0)
+            return len(self._dirty) + len(self._retry) + (1 if self._busy else 0)
 
     def flush(self, timeout: float | None = None) -> bool:
-        """Block until nothing is dirty or running; False on timeout."""
+        """Block until nothing is dirty, running or waiting for a retry; False on timeout."""
         with self._cond:
-            return self._cond.wait_for(lambda: not self._dirty and not self._busy, timeout=timeout)
+            return self._cond.wait_for(lambda: not self._dirty and not self._busy and not self._retry,
+                                       timeout=timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         with self._cond:
@@ -48,20 +63,60 @@ class CoalescingWorker:
             self._cond.notify_all()
         self._thread.join(timeout)
 
+    def _next_batch(self) -> dict[str, bool] | None:
+        """Wait for dirty paths or due retries and take them (under ``_cond``); None once stopped."""
+        while not self._stop:
+            wait = self._retry_at - time.monotonic() if self._retry else None
+            due = wait is not None and wait <= 0
+            if self._dirty or due:
+                batch: dict[str, bool] = {}
+                if due:
+                    batch, self._retry = self._retry, {}
+                batch.update(self._dirty)
+                self._dirty = {}
+                return batch
+            self._cond.wait(wait)
+        return None
+
+    def _requeue(self, batch: dict[str, bool]) -> None:
+        """Queue a failed batch's paths for a retry (under ``_cond``)."""
+        waiting, tries = bool(self._retry), 0
+        for path, remove in batch.items():
+            if path in self._dirty:  # submitted again while it ran: that request goes next anyway
+                continue
+            n = self._attempts.get(path, 0) + 1
+            if n > self.retries:
+                self._attempts.pop(path, None)
+                self.dropped += 1
+                log.error("giving up on index update of %s after %d tries", path, n)
+                continue
+            self._attempts[path] = n
+            self._retry[path] = remove
+            tries = max(tries, n)
+        if tries:
+            at = time.monotonic() + self.backoff_s * 2 ** (tries - 1)
+            self._retry_at = min(self._retry_at, at) if waiting else at
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._dirty or self._stop)
-                if self._stop:
+                batch = self._next_batch()
+                if batch is None:
                     return
-                batch, self._dirty = self._dirty, {}
                 self._busy = True
+            failed = False
             try:
                 self._handler(batch)
-            except Exception:  # keep serving; the failure is logged with its traceback
+            except Exception:  # keep serving; the failure is logged with its traceback and retried
+                failed = True
                 self.errors += 1
                 log.exception("index update failed for %d path(s)", len(batch))
             finally:
                 with self._cond:
+                    if failed:
+                        self._requeue(batch)
+                    else:
+                        for path in batch:
+                            self._attempts.pop(path, None)
                     self._busy = False
                     self._cond.notify_all()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from indexer.imports import FileTable, Import, parse_imports, resolve
 
+from .conftest import write
+
 
 def names(text: str, path: str) -> list[tuple[str, str | None, str]]:
     return [(i.module, i.name, i.alias) for i in parse_imports(text, path)]
@@ -53,3 +55,49 @@ def test_resolution_against_the_indexed_files():
     assert resolve(Import("util.h", "*", "", 1), "/r/a.c", files) == ["/r/util.h"]
     files.remove("/r/util.h")
     assert resolve(Import("util.h", "*", "", 1), "/r/a.c", files) == []
+
+
+def test_python_relative_import_of_the_package_itself():
+    files = FileTable(["/ws/pkg.py", "/ws/pkg/__init__.py", "/ws/pkg/mod.py", "/ws/pkg/helper.py"])
+    # `from . import x` where x is no submodule: the package's __init__.py, never a sibling pkg.py
+    assert resolve(Import(".", "helper_fn", "helper_fn", 1), "/ws/pkg/mod.py", files) == ["/ws/pkg/__init__.py"]
+    assert resolve(Import(".", "helper", "helper", 1), "/ws/pkg/mod.py", files) == ["/ws/pkg/helper.py"]
+
+
+def test_python_absolute_import_prefers_the_nearest_import_root():
+    files = FileTable(["/ws/vendor/pkg.py", "/ws/pkg/__init__.py", "/ws/pkg/util.py", "/ws/main.py",
+                       "/ws/vendor/pkg/util.py"])
+    assert resolve(Import("pkg", None, "pkg", 1), "/ws/main.py", files)[0] == "/ws/pkg/__init__.py"
+    assert resolve(Import("pkg", "util", "util", 1), "/ws/main.py", files)[0] == "/ws/pkg/util.py"
+    assert resolve(Import("pkg", None, "pkg", 1), "/ws/vendor/x.py", files)[0] == "/ws/vendor/pkg.py"
+    # the same root: a package directory before a same-named module, as Python's finder does
+    files = FileTable(["/ws/pkg.py", "/ws/pkg/__init__.py"])
+    assert resolve(Import("pkg", None, "pkg", 1), "/ws/main.py", files)[0] == "/ws/pkg/__init__.py"
+
+
+def test_an_empty_init_is_known_after_a_restart(workspace, make_index):
+    write(workspace, "pkg/__init__.py", "")
+    write(workspace, "pkg/mod.py", "def f():\n    pass\n")
+    init = str(workspace / "pkg" / "__init__.py")
+    index = make_index(workspace, embedder=None)
+    index.build()
+    assert init in index.files
+    index.close()
+    restarted = make_index(workspace, embedder=None)
+    assert init in restarted.files
+    assert resolve(Import(".", "f", "f", 1), str(workspace / "pkg" / "mod.py"), restarted.files) == [init]
+
+
+def test_rust_module_directories():
+    files = FileTable(["/r/src/main.rs", "/r/src/a.rs", "/r/src/b.rs", "/r/src/a/b.rs", "/r/src/c.rs", "/r/c.rs",
+                       "/r/src/d/mod.rs", "/r/src/d/e.rs", "/r/tests/it.rs", "/r/tests/common/mod.rs",
+                       "/r/src/bin/tool.rs", "/r/src/bin/util.rs"])
+    assert resolve(Import("self::b", None, "b", 1), "/r/src/a.rs", files) == ["/r/src/a/b.rs"]  # mod b;
+    assert resolve(Import("super::c", "W", "W", 1), "/r/src/a.rs", files) == ["/r/src/c.rs"]
+    assert resolve(Import("self::b", None, "b", 1), "/r/src/main.rs", files) == ["/r/src/b.rs"]
+    assert resolve(Import("self::e", None, "e", 1), "/r/src/d/mod.rs", files) == ["/r/src/d/e.rs"]
+    assert resolve(Import("super::c", "W", "W", 1), "/r/src/d/mod.rs", files) == ["/r/src/c.rs"]
+    assert resolve(Import("super::c", "W", "W", 1), "/r/src/a/b.rs", files) == []  # a's c: src/a/c.rs
+    assert resolve(Import("super::super::c", "W", "W", 1), "/r/src/a/b.rs", files) == ["/r/src/c.rs"]
+    assert resolve(Import("self::common", None, "common", 1), "/r/tests/it.rs", files) == ["/r/tests/common/mod.rs"]
+    assert resolve(Import("self::util", None, "util", 1), "/r/src/bin/tool.rs", files) == ["/r/src/bin/util.rs"]

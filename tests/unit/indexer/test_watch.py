@@ -1,6 +1,6 @@
 import time
 
-from indexer.watch import watch_index
+from indexer.watch import Watcher, watch_index
 
 from .conftest import write
 
@@ -30,3 +30,36 @@ def test_watchdog_event_makes_new_file_searchable(workspace, make_index):
         assert index.definitions("should_not_appear") == []
     finally:
         watcher.stop()
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def touch(self, path):
+        self.calls.append(("touch", str(path)))
+
+    def remove(self, path):
+        self.calls.append(("remove", str(path)))
+
+
+def test_directory_replaced_within_one_debounce_is_removed_then_walked(workspace, tmp_path, make_index):
+    write(workspace, "pkg/old.py", "def old_function():\n    pass\n")
+    index = make_index(workspace)
+    index.build()
+    (workspace / "pkg").rename(tmp_path / "moved_out")  # mv ws/pkg /outside; mv /other ws/pkg
+    write(workspace, "pkg/new.py", "def new_function():\n    pass\n")
+    pkg, new = str(workspace / "pkg"), str(workspace / "pkg" / "new.py")
+    recorder = _Recorder()
+    # the watcher is not started: its events are fed and its settled batch dispatched by hand
+    watcher = Watcher([workspace], recorder, lambda p: False)
+    watcher._note(pkg, "remove")
+    watcher._note(pkg, "touch_dir")
+    batch = dict(watcher._pending)
+    watcher._dispatch(batch)
+    assert recorder.calls == [("remove", pkg), ("touch", new)]
+    watcher.sink = index
+    watcher._dispatch(batch)
+    assert index.flush(timeout=30)
+    assert not index.definitions("old_function") and index.definitions("new_function")
+    assert index.stats().files == 1

@@ -1,0 +1,109 @@
+"""Failed update batches are retried (bounded) and a batch's store writes are one transaction."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from indexer.store import Store
+from indexer.worker import CoalescingWorker
+
+from .conftest import write
+from .fakes import FakeEmbedder
+
+
+class FlakyEmbedder(FakeEmbedder):
+    """Raises on the next ``failures`` calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.failures = 0
+
+    def embed(self, texts):
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("embedder unavailable")
+        return super().embed(texts)
+
+
+def test_update_retried_after_an_embedder_failure(workspace, make_index, tmp_path):
+    path = write(workspace, "m3.py", "def old_name():\n    return 1\n")
+    embedder = FlakyEmbedder()
+    index = make_index(workspace, embedder=embedder)
+    index.build()
+    write(workspace, "m3.py", "def new_name():\n    return 2\n")
+    embedder.failures = 1
+    index.touch(path)
+    assert index.flush(timeout=30)
+    assert [s.name for s in index.symbols_in(path)] == ["new_name"] and not index.definitions("old_name")
+    assert index._worker.errors == 1
+    index.close()
+    reloaded = make_index(workspace, embedder=FakeEmbedder())
+    assert [s.name for s in reloaded.symbols_in(path)] == ["new_name"]
+
+
+def test_worker_gives_up_after_its_retries():
+    calls = []
+
+    def handler(batch):
+        calls.append(dict(batch))
+        raise RuntimeError("always")
+
+    worker = CoalescingWorker(handler, retries=2, backoff_s=0.01)
+    try:
+        worker.submit("a")
+        assert worker.flush(timeout=10)
+        assert calls == [{"a": False}] * 3 and worker.errors == 3 and worker.dropped == 1
+        assert worker.pending == 0
+    finally:
+        worker.close()
+
+
+def test_a_path_submitted_during_a_failed_batch_goes_with_its_new_request():
+    calls = []
+    started = threading.Event()
+    go = threading.Event()
+
+    def handler(batch):
+        calls.append(dict(batch))
+        if len(calls) == 1:
+            started.set()
+            go.wait(10)
+            raise RuntimeError("first batch fails")
+
+    worker = CoalescingWorker(handler, retries=3, backoff_s=0.01)
+    try:
+        worker.submit("a")
+        worker.submit("b")
+        assert started.wait(10)
+        worker.submit("a", remove=True)  # while the batch runs
+        go.set()
+        assert worker.flush(timeout=10)
+        # "a" goes once more, as the newer removal; "b" is retried as it was
+        assert calls[0] == {"a": False, "b": False}
+        assert sorted(calls[1:], key=len) in ([{"a": True}, {"b": False}], [{"a": True, "b": False}])
+        assert worker.errors == 1 and worker.dropped == 0
+    finally:
+        worker.close()
+
+
+def test_a_batch_writes_and_deletes_in_one_transaction(workspace, make_index, monkeypatch):
+    a = write(workspace, "a.py", "def alpha():\n    pass\n")
+    b = write(workspace, "b.py", "def beta():\n    pass\n")
+    index = make_index(workspace)
+    index.build()
+    write(workspace, "a.py", "def alpha_edited():\n    pass\n")
+    b.unlink()
+
+    def broken(cur, path):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(Store, "_delete_path", staticmethod(broken))
+    with pytest.raises(RuntimeError):
+        index._update_batch({str(a): False, str(b): False})
+    monkeypatch.undo()
+    # nothing of the batch reached the store (nor memory): a.py is still the old one
+    assert index.store.file_states()[str(a)].digest == index._digests[str(a)]
+    assert [s.name for s in index.store.symbols() if s.path == str(a)] == ["alpha"]
+    assert index.definitions("alpha") and not index.definitions("alpha_edited")
