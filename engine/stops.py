@@ -6,44 +6,98 @@ from __future__ import annotations
 import re
 import time
 
+# a dedented line made of these only (and a closing bracket among them) closes the block:
+# lsp_server.postprocess.cut_at_scope_end keeps it and ends the answer there, so the rules do too
+# (its CLOSER_LINE_CHARS; the engine does not import the server)
+CLOSING_BRACKETS = frozenset(")]}")
+CLOSER_LINE_CHARS = frozenset(")]};, \t")
+
 
 class _StopRules:
-    """Stop strings, line limits and the time budget, checked on the text generated so far."""
+    """Stop strings, line limits, scope end, loops and the time budget, checked on the text generated so far.
+
+    Called with all the tokens produced so far, after each token (plain decoding; speculative decoding
+    hands its accepted tokens over one at a time too) or after a chunk of them (a streamed piece holds
+    several lines). The rules run at every token end of the new tokens, on the text all the tokens
+    decode to, so they fire at the same token whatever the chunking, and `cut` keeps the text up to
+    that token: the answer does not depend on how the tokens arrived.
+    """
 
     def __init__(self, tokenizer, stop: tuple[str, ...], max_lines: int, time_budget_s: float, min_indent: int = -1,
                  healed: str = ""):
         self.tokenizer, self.stop, self.max_lines, self.budget = tokenizer, stop, max_lines, time_budget_s
         self.min_indent = min_indent
         self.started = time.perf_counter()
-        self.seen = 0
+        self.seen = 0  # tokens checked
         self.newlines = 0
-        self.text = ""  # decoded so far, the healed characters left out
+        self.text = ""  # what the tokens checked decode to, the healed characters left out
         self.skip = len(healed)  # token healing: the first characters decoded are already in the document
+        self.line_start = 0  # where the first line not yet complete starts: the scope rule resumes there
+        self.reason: str | None = None
+        self.end = -1  # once a rule fired: how much of `text` the answer may keep (the firing token's end)
+        self.longest_stop = max(map(len, stop), default=0)
 
     def __call__(self, tokens: list[int]) -> str | None:
-        new = self.tokenizer.decode(tokens[self.seen :])  # '\n' is one byte: never split across tokens
-        if self.skip:
-            new, self.skip = new[self.skip :], max(0, self.skip - len(new))
-        self.newlines += new.count("\n")
+        clock: list[float] = []  # read once per call: the tokens of a chunk arrive together
+        for n in range(self.seen + 1, len(tokens) + 1):
+            if self.reason is not None:
+                break
+            self.reason = self._check(tokens[:n], clock)
+        return self.reason
+
+    def _check(self, tokens: list[int], clock: list[float]) -> str | None:
+        """The rules after the last of `tokens`."""
+        before = self.text
+        # all the tokens decoded at once, not the new one alone: SentencePiece decoders (Llama, CodeLlama)
+        # drop the leading space of the first token they decode, and a character split over byte tokens
+        # only shows once all its bytes are in
+        self.text = text = self.tokenizer.decode(tokens)[self.skip :]
         self.seen = len(tokens)
-        self.text += new
-        self.line = self.text[self.text.rfind("\n") + 1 :]  # the line being written
-        if self.min_indent >= 0 and self.newlines and self.line.strip() and \
-                len(self.line) - len(self.line.lstrip()) < self.min_indent:
-            return "scope"  # a later line starts left of the scope (the same rule as _scope_end)
+        # where the text is new: the end of the last one, or earlier where decoding rewrote its end (a
+        # character's last byte token came in, U+FFFD gives way to it); a rewritten line is checked again
+        changed = len(before) if text.startswith(before) else len(_common_prefix(before, text))
+        self.line_start = min(self.line_start, text.rfind("\n", 0, changed) + 1)
+        self.newlines = text.count("\n")
+        self.end = len(text)
+        if self.min_indent >= 0 and self._left_scope():
+            return "scope"
         if self.max_lines and self.newlines >= self.max_lines:
             return "max_lines"
-        if self.stop:
-            tail = self.tokenizer.decode(tokens[-48:])
-            if any(s in tail for s in self.stop):
-                return "stop"
-        if _repetition_end(self.text) >= 0:
-            return "repeat"  # a small model looping: nothing after this point would be kept
-        if self.budget and self.newlines and time.perf_counter() - self.started > self.budget:
-            return "time"  # only once a whole first line exists (llama.cpp's t_max_predict_ms rule)
+        if self.stop and any(s in text[max(0, changed - self.longest_stop + 1) :] for s in self.stop):
+            return "stop"  # a stop string not there before overlaps the new text
+        # a loop of lines ends at a line end: every line the new text completed, then the token's end
+        ends = [i + 1 for i, c in enumerate(text[changed:], changed) if c == "\n"]
+        for end in dict.fromkeys([*ends, len(text)]):
+            if _repetition_end(text[:end]) >= 0:
+                self.end = end  # `cut` looks for the loop where it was seen
+                return "repeat"  # a small model looping: nothing after this point would be kept
+        if self.budget and self.newlines:
+            if not clock:
+                clock.append(time.perf_counter())
+            if clock[0] - self.started > self.budget:
+                return "time"  # only once a whole first line exists (llama.cpp's t_max_predict_ms rule)
         return None
 
+    def _left_scope(self) -> bool:
+        """Whether a later line starts left of the scope (the rule of _scope_end), checked on every line
+        the new text completed and on the one being written.
+
+        A line counts as soon as its first non-blank character exists, so generation stops at the first
+        token of the next scope; one of closing brackets only counts once complete: it is kept.
+        """
+        text = self.text
+        while True:
+            nl = text.find("\n", self.line_start)
+            line = text[self.line_start :] if nl < 0 else text[self.line_start : nl]
+            if self.line_start and line.strip() and len(line) - len(line.lstrip()) < self.min_indent:
+                return nl >= 0 or not _only_closers(line)
+            if nl < 0:
+                return False
+            self.line_start = nl + 1
+
     def cut(self, text: str) -> str:
+        if self.reason is not None and text.startswith(self.text[: self.end]):
+            text = text[: self.end]  # what a token-by-token run would have had when the rule fired
         if (end := _repetition_end(text)) >= 0:
             text = text[:end]
         if self.min_indent >= 0 and (end := _scope_end(text, self.min_indent)) >= 0:
@@ -57,9 +111,23 @@ class _StopRules:
         return text
 
 
-def _scope_end(text: str, min_indent: int) -> int:
-    """Offset of the newline before the first later line that dedents below `min_indent`; -1 if none.
+def _common_prefix(a: str, b: str) -> str:
+    i = 0
+    while i < min(len(a), len(b)) and a[i] == b[i]:
+        i += 1
+    return a[:i]
 
+
+def _only_closers(line: str) -> bool:
+    stripped = line.strip()
+    return bool(stripped) and set(stripped) <= CLOSER_LINE_CHARS and not CLOSING_BRACKETS.isdisjoint(stripped)
+
+
+def _scope_end(text: str, min_indent: int) -> int:
+    """Where the answer leaves the cursor's scope; -1 if it does not.
+
+    At the first later line that dedents below `min_indent`: the offset of the newline before it, or,
+    for a line of closing brackets only, of its end (it closes the block: kept, and the answer ends there).
     A line counts as soon as its first non-blank character exists (its indentation is known then),
     so generation stops at the first token of the next scope instead of writing that line out.
     """
@@ -68,14 +136,20 @@ def _scope_end(text: str, min_indent: int) -> int:
         return -1
     for line in text[offset:].split("\n"):
         if line.strip() and len(line) - len(line.lstrip()) < min_indent:
+            if _only_closers(line):
+                return offset + len(line)  # it closes the block: kept, and the answer ends with it
             return offset - 1  # cut before the newline that led to it
         offset += len(line) + 1
     return -1
 
 
-# a unit of up to 40 characters with a non-blank in it, four or more times at the end (it may start
+# a unit of up to 40 characters with two non-blanks in it, four or more times at the end (it may start
 # with a blank, so that a loop is seen wherever the last token happened to end)
-_LOOP_IN_LINE = re.compile(r"(\s*\S.{0,38}?)\1{3,}\Z")
+_LOOP_IN_LINE = re.compile(r"(\s*\S\s*\S.{0,38}?)\1{3,}\Z")
+# characters a loop in a line spans before it counts. Real code repeats short units a few times
+# (0xFFFFFFFFFFFFFFFF: 16, eight b"\x00": 32, six ", None": 36); a model caught in a loop goes on to
+# the token limit, so 40 costs it a dozen tokens. Units of 10 characters or more pass it with 4 copies.
+MIN_LOOP_RUN = 40
 REPEATED_LINES = 3  # the same line (or block of lines) this many times in a row is a loop
 MAX_LOOP_LINES = 8  # longest block of lines checked for repetition
 
@@ -85,10 +159,10 @@ def _repetition_end(text: str) -> int:
 
     Two shapes (Tabby's post-processing drops the same ones): a block of 1 to MAX_LOOP_LINES
     complete lines, with a letter or digit in it, written REPEATED_LINES times in a row
-    (`if x:\n    return\n` three times over), and a unit of 2-40 characters with a letter in it
-    repeated four times at the end of the line being written (`self.x, self.x, self.x, self.x, `;
-    a unit without letters only over 64 characters or more). Real code rarely does either; a small
-    model does it until the token limit.
+    (`if x:\n    return\n` three times over), and a unit of 2-40 characters with two non-blanks and a
+    letter in it repeated four times or more, over MIN_LOOP_RUN characters or more, at the end of the
+    line being written (`self.x, self.x, self.x, self.x, self.x, `; a unit without letters only over
+    64 characters or more). Real code rarely does either; a small model does it until the token limit.
     """
     lines = text.split("\n")
     done = lines[:-1]  # complete lines only: the last may still grow
@@ -103,7 +177,8 @@ def _repetition_end(text: str) -> int:
             return len("\n".join(done[: len(done) - (copies - 1) * period]))  # up to the end of its first occurrence
     tail = lines[-1][-200:]
     m = _LOOP_IN_LINE.search(tail)
-    if m and (any(c.isalpha() for c in m.group(1)) or _long_symbol_run(m)):
+    # the match starts leftmost and runs to the end: no other match in the tail is longer
+    if m and len(m.group(0)) >= MIN_LOOP_RUN and (any(c.isalpha() for c in m.group(1)) or _long_symbol_run(m)):
         return len(text) - len(tail) + m.start() + len(m.group(1))
     return -1
 

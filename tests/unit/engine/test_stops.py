@@ -1,0 +1,167 @@
+"""engine.stops._StopRules on scripted tokens: loops in a line, closing lines, chunked and SentencePiece
+decoding, and the same stop whatever the chunking (what keeps speculative decoding lossless)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from engine.stops import _repetition_end, _scope_end, _StopRules
+from lsp_server.postprocess import cut_at_scope_end, scope_min_indent
+
+
+class Pieces:
+    """Token i is the string items[i] (what engine.remote feeds the rules with)."""
+
+    def __init__(self, items: list[str]):
+        self.items = items
+
+    def decode(self, ids) -> str:
+        return "".join(self.items[i] for i in ids)
+
+
+def llama_like(pieces: list[str]):
+    """A SentencePiece-style tokenizer (Llama's decoder: ▁ for a space, byte fallback, and one leading
+    space stripped from whatever is decoded) and the ids of `pieces`."""
+    from tokenizers import Tokenizer, decoders, models
+
+    from engine.tokenizer import FastTokenizer
+
+    vocab = {p: i for i, p in enumerate(dict.fromkeys(["<unk>", *pieces]))}
+    backend = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    backend.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    return FastTokenizer(backend, {}), [vocab[p] for p in pieces]
+
+
+def run(tok, ids: list[int], bounds, **limits) -> tuple[int | None, str | None, str]:
+    """Call the rules on ids[:b] for each b of `bounds`: (b, reason, cut text) at the first stop."""
+    rules = _StopRules(tok, limits.get("stop", ()), limits.get("max_lines", 0), 0.0, limits.get("min_indent", -1))
+    for b in bounds:
+        if reason := rules(ids[:b]):
+            return b, reason, rules.cut(tok.decode(ids[:b]))
+    return None, None, rules.cut(tok.decode(ids))
+
+
+def pieces(items: list[str]):
+    return Pieces(items), list(range(len(items)))
+
+
+SP_BODY = ["<0x0A>", "▁▁▁", "▁return", "▁x", "<0x0A>", "▁▁▁", "▁s", "▁=", "▁'", "<0xC3>", "<0xA9>", "'",
+           "<0x0A>", "z", "▁=", "▁2"]  # "\n    return x\n    s = 'é'\nz = 2"
+
+SCENARIOS = {  # name: (tokenizer, ids, limits, (reason, cut text) of a token-by-token run)
+    "scope, a whole line in one piece": (*pieces(["return x", "\n", "def g():\n    pass", "\n", "    y = 1"]),
+                                          dict(min_indent=4, max_lines=20), ("scope", "return x")),
+    "a closing line": (*pieces(["\n", "    1,", "\n", "    2,", "\n", "]", "\n", "\n", "print", "(items)"]),
+                       dict(min_indent=1), ("scope", "\n    1,\n    2,\n]")),
+    "a loop in a line, then more": (*pieces(["x = f(a", *[", self.b"] * 10, ")\n", "y = 2\n"]), {},
+                                    ("repeat", "x = f(a, self.b")),
+    "a loop of lines, then more": (*pieces(["    x = 1\n", *["    y += 1\n"] * 3, "    z = 0\n", "    w"]), {},
+                                   ("repeat", "    x = 1\n    y += 1")),
+    "max_lines": (*pieces(["a = 1", "\n", "b = 2", "\n", "c = 3", "\n"]), dict(max_lines=2),
+                  ("max_lines", "a = 1\nb = 2")),
+    "a stop string over two tokens": (*pieces(["x = 1", "<E", "OT>", "junk\n"]), dict(stop=("<EOT>",)),
+                                      ("stop", "x = 1")),
+    "no stop": (*pieces(["if a:", "\n", "    b()", "\n"]), dict(min_indent=0), (None, "if a:\n    b()\n")),
+    "SentencePiece": (*llama_like(SP_BODY), dict(min_indent=4), ("scope", "\n    return x\n    s = 'é'")),
+}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_the_same_stop_and_text_whatever_the_chunking(name):
+    """One token at a time (plain decoding) or several (a verify's accepted tokens, a streamed piece):
+    the rules fire in the chunk holding the token where one at a time fires, and cut to the same text."""
+    tok, ids, limits, want = SCENARIOS[name]
+    n = len(ids)
+    at, *got = run(tok, ids, range(1, n + 1), **limits)
+    assert tuple(got) == want
+    rng = random.Random(name)
+    chunkings = [[n], list(range(3, n, 3)) + [n], list(range(2, n, 2)) + [n]]
+    chunkings += [sorted(rng.sample(range(1, n), rng.randint(1, n - 1))) + [n] for _ in range(20)]
+    for bounds in chunkings:
+        expected_at = None if at is None else min(b for b in bounds if b >= at)
+        assert run(tok, ids, bounds, **limits) == (expected_at, *want), bounds
+
+
+@pytest.mark.parametrize("line", [
+    "MASK = 0xFFFFFFFF", "MASK = 0xFFFFFFFFFFFFFFFF", 'data = b"\\x00\\x00\\x00\\x00"', 'data = b"' + "\\x00" * 8 + '"',
+    'SEP = "\\t\\t\\t\\t"', "f(x, None, None, None, None)", "row = (None, None, None, None, None, None)",
+    "ab = 'abababababab'",
+])
+def test_short_repeats_in_real_code_are_not_a_loop(line):
+    for end in range(len(line) + 1):  # wherever the last token ended
+        assert _repetition_end(line[:end]) == -1, line[:end]
+    tok, ids = pieces(list(line))
+    assert run(tok, ids, range(1, len(ids) + 1)) == (None, None, line)
+
+
+@pytest.mark.parametrize(("head", "unit", "word"), [
+    ("    return f(x", ", None", "None"), ("print(", "a, ", "a"), ("    total = ", "self.x + ", "self.x"),
+    ("_cast(", "self.width, ", "self.width"),
+])
+def test_a_loop_in_a_line_still_stops_and_keeps_its_first_copy(head, unit, word):
+    line = head + unit * 20
+    tok, ids = pieces(list(line))  # a character at a time: generation stops once the loop is long enough
+    at, reason, text = run(tok, ids, range(1, len(ids) + 1))
+    assert reason == "repeat" and text.startswith(head) and text.count(word) == 1, text
+    assert at <= len(head) + 50  # soon after it started
+
+
+@pytest.mark.parametrize(("prefix", "items", "kept"), [
+    ("items = [", ["\n", "    1,", "\n", "    2,", "\n", "]", "\n", "\n", "print", "(items)"], "\n    1,\n    2,\n]"),
+    ("function f() {", ["\n", "  return 1;", "\n", "}", ";", "\n", "f();"], "\n  return 1;\n};"),
+    ("    x = call(", ["\n", "        a,", "\n", "  ", ")", ")", "\n", "x"], "\n        a,\n  ))"),
+])
+def test_a_closing_line_is_kept_and_ends_the_answer(prefix, items, kept):
+    """lsp_server.postprocess keeps a dedented line of closers only: the engine stops after it, not before."""
+    tok, ids = pieces(items)
+    at, reason, text = run(tok, ids, range(1, len(ids) + 1), min_indent=scope_min_indent(prefix))
+    assert (reason, text) == ("scope", kept)
+    assert tok.decode(ids[:at]) == kept + "\n"  # at the newline after it
+    assert cut_at_scope_end(tok.decode(ids), prefix) == kept  # what postprocess keeps of the whole answer
+    ended = run(tok, ids[: at - 1], range(1, at), min_indent=scope_min_indent(prefix))  # generation ends on it
+    assert ended == (None, None, kept)
+
+
+def test_a_line_that_only_starts_with_closers_ends_before_it():
+    tok, ids = pieces(["\n", "    1,", "\n", "]", " + extra", "\n"])
+    assert run(tok, ids, range(1, len(ids) + 1), min_indent=1) == (5, "scope", "\n    1,")
+    assert cut_at_scope_end(tok.decode(ids), "items = [") == "\n    1,"
+
+
+def test_scope_end_keeps_a_line_of_closers():
+    assert _scope_end("\n    1,\n]\nprint(items)", 1) == len("\n    1,\n]")
+    assert _scope_end("\n    1,\n] + x\n", 1) == len("\n    1,")
+    assert _scope_end("\n    1,\n  ]", 4) == len("\n    1,\n  ]")  # the end of the text, being the end of the line
+
+
+def test_every_line_a_chunk_completes_is_checked():
+    """A streamed piece can hold a whole dedented line and its newline: the scope ends there, not at max_lines."""
+    tok, ids = pieces(["return x", "\n", "def g():\n    pass", "\n", "    y = 1"])
+    assert run(tok, ids, range(1, len(ids) + 1), min_indent=4, max_lines=20) == (3, "scope", "return x")
+    tok, ids = pieces(["\n    1,", "\n]\nprint(items)\n"])  # a closing line inside a piece
+    assert run(tok, ids, range(1, 3), min_indent=1) == (2, "scope", "\n    1,\n]")
+
+
+def test_sentencepiece_tokens_are_decoded_with_what_comes_before():
+    """Llama's decoder strips a leading space from whatever it decodes, so `▁▁▁` `▁return` decoded one at a
+    time reads `  return` (out of a 4-space scope); a split `é` is two U+FFFD alone. The rules see the whole."""
+    tok, ids = llama_like(SP_BODY)
+    assert tok.decode(ids[1:2]) + tok.decode(ids[2:3]) == "  return"  # what token-by-token decoding gave
+    rules = _StopRules(tok, (), 0, 0.0, 4)
+    for n in range(1, len(ids) + 1):
+        reason = rules(ids[:n])
+        assert rules.text == tok.decode(ids[:n])
+        if reason:
+            break
+    assert (n, reason) == (SP_BODY.index("z") + 1, "scope")
+    assert rules.cut(tok.decode(ids[:n])) == "\n    return x\n    s = 'é'"
+
+
+def test_healed_characters_are_left_out():
+    tok, ids = pieces([" x", " = 1", "\n", "y"])
+    rules = _StopRules(tok, (), 0, 0.0, 1, healed=" ")
+    assert [rules(ids[:n]) for n in range(1, 5)] == [None, None, None, "scope"]
+    assert rules.text == "x = 1\ny" and rules.cut(rules.text) == "x = 1"
