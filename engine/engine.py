@@ -18,7 +18,7 @@ from engine.model import CachedLM, LoadedModel, batched_rows_differ, load_model
 from engine.prompt import TEMPLATES, Prompt, PromptBudget, PromptBuilder, detect_template
 from engine.slots import PromptSlots
 from engine.speculative import AdaptiveGamma, AstAdaptiveGamma, FixedGamma, GrowingGamma, generate
-from engine.stops import MAX_LOOP_LINES, REPEATED_LINES, _repetition_end, _scope_end, _StopRules  # noqa: F401 (also imported from here)
+from engine.stops import MAX_LOOP_LINES, REPEATED_LINES, _repetition_end, _scope_end, _StopRules, decode_answer  # noqa: F401 (also imported from here)
 from engine.syntax import DepthTracker
 from engine.tree import TreeShape, generate_tree, tree_support
 from engine.types import CompletionRequest, CompletionResult, CompletionStats, SpecConfig
@@ -158,8 +158,9 @@ class Engine:
             log.warning("prompt of %d tokens leaves no room in the model's context", len(prompt.tokens))
             return CompletionResult("", stop_reason="context", stats=stats)
         max_lines = 1 if request.mode == "single-line" else limits.max_lines
+        context = tuple(prompt_tokens[-1:])  # the answer is decoded after it (stops.decode_answer)
         rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s, limits.min_indent,
-                           healed=heal)
+                           healed=heal, context=context)
         if request.mode == "single-line" and spec.single_line_drafter:
             spec = dataclasses.replace(spec, drafter=spec.single_line_drafter)
         drafter = None if self.speculation_off else (drafter or self.drafter_for(spec))
@@ -196,7 +197,7 @@ class Engine:
         del stats.token_logprobs[len(tokens):]  # the last chosen token may not have been emitted
         if tokens and reason != "cancelled":
             self.history.append(tokens)
-        text = self.target.tokenizer.decode(tokens)
+        text = decode_answer(self.target.tokenizer, tokens, context)
         if heal:  # the healed characters are already in the document
             text = text[len(heal):] if text.startswith(heal) else ""
         text = rules.cut(text)

@@ -13,6 +13,20 @@ CLOSING_BRACKETS = frozenset(")]}")
 CLOSER_LINE_CHARS = frozenset(")]};, \t")
 
 
+def decode_answer(tokenizer, tokens, context=()) -> str:
+    """The text `tokens` add after `context` (the prompt's last token). Decoded together: a SentencePiece
+    decoder (Llama, CodeLlama) strips the leading space of whatever it decodes, so an answer whose first
+    token is `▁x` read `x` alone and `returnx` in the document; after the context it keeps its space.
+    Alone where the context's own text is not whole (a character split over byte tokens)."""
+    if context:
+        head = tokenizer.decode(list(context))
+        if "\ufffd" not in head:
+            whole = tokenizer.decode([*context, *tokens])
+            if whole.startswith(head):
+                return whole[len(head):]
+    return tokenizer.decode(list(tokens))
+
+
 class _StopRules:
     """Stop strings, line limits, scope end, loops and the time budget, checked on the text generated so far.
 
@@ -24,8 +38,10 @@ class _StopRules:
     """
 
     def __init__(self, tokenizer, stop: tuple[str, ...], max_lines: int, time_budget_s: float, min_indent: int = -1,
-                 healed: str = ""):
+                 healed: str = "", context: tuple[int, ...] = ()):
+        """`context`: the prompt's last token, decoded before the answer (decode_answer)."""
         self.tokenizer, self.stop, self.max_lines, self.budget = tokenizer, stop, max_lines, time_budget_s
+        self.context = tuple(context)
         self.min_indent = min_indent
         self.started = time.perf_counter()
         self.seen = 0  # tokens checked
@@ -51,7 +67,7 @@ class _StopRules:
         # all the tokens decoded at once, not the new one alone: SentencePiece decoders (Llama, CodeLlama)
         # drop the leading space of the first token they decode, and a character split over byte tokens
         # only shows once all its bytes are in
-        self.text = text = self.tokenizer.decode(tokens)[self.skip :]
+        self.text = text = decode_answer(self.tokenizer, tokens, self.context)[self.skip :]
         self.seen = len(tokens)
         # where the text is new: the end of the last one, or earlier where decoding rewrote its end (a
         # character's last byte token came in, U+FFFD gives way to it); a rewritten line is checked again

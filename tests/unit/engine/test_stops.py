@@ -165,3 +165,20 @@ def test_healed_characters_are_left_out():
     rules = _StopRules(tok, (), 0, 0.0, 1, healed=" ")
     assert [rules(ids[:n]) for n in range(1, 5)] == [None, None, None, "scope"]
     assert rules.text == "x = 1\ny" and rules.cut(rules.text) == "x = 1"
+
+
+def test_an_answer_keeps_its_leading_space_after_the_prompts_last_token():
+    """A SentencePiece decoder strips the space `▁x` starts with when it decodes it alone: after
+    `return` the answer read `x` (`returnx` in the document). Decoded after the prompt's last token it
+    is ` x`, and the rules see the same text."""
+    from engine.stops import decode_answer
+
+    tok, ids = llama_like(["▁return", "▁x", "<0x0A>", "z"])
+    ctx, answer = ids[:1], ids[1:]
+    assert tok.decode(answer) == "x\nz"  # alone: the space is gone
+    assert decode_answer(tok, answer, ctx) == " x\nz"
+    assert decode_answer(tok, answer) == "x\nz"  # no context: as before
+    rules = _StopRules(tok, (), 1, 0.0, context=tuple(ctx))
+    assert rules(answer) == "max_lines" and rules.cut(decode_answer(tok, answer, ctx)) == " x"
+    bpe, bids = pieces(["a", " b"])  # a decoder that keeps spaces: the same text either way
+    assert decode_answer(bpe, bids[1:], bids[:1]) == bpe.decode(bids[1:]) == " b"
