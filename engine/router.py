@@ -52,6 +52,15 @@ class Deadline:
     def expired(self) -> bool:
         return not self.outer.is_set() and self.clock() >= self.at
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """threading.Event's wait, the deadline counting as set: a remote engine's socket watcher waits
+        on its cancel flag (engine.remote._Watch), and without this it died at once, so neither the
+        deadline nor a keystroke shut a stalled stream before its timeout (5 s by default)."""
+        left = self.at - self.clock()
+        if left > 0:
+            self.outer.wait(left if timeout is None else min(timeout, left))
+        return self.is_set()
+
 
 @dataclass
 class Model:
@@ -93,8 +102,14 @@ class Route:
 
 
 def tensor_bytes(engine: Any) -> int:
-    """Bytes of the tensors an engine holds (weights, int8 copies, KV caches), each storage once."""
-    import torch
+    """Bytes of the tensors an engine holds (weights, int8 copies, KV caches), each storage once; 0
+    where torch was never imported (a remote-only router holds none, and `draftline/status` runs on
+    the server's event loop, where importing torch took a second)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return 0
 
     seen: set[int] = set()
     total = 0

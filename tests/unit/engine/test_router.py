@@ -204,3 +204,42 @@ def test_the_target_reports_each_answer_tokens_log_probability(model_dirs):
     assert plain.tokens == drafted.tokens and len(plain.stats.token_logprobs) == len(plain.tokens) > 0
     assert all(lp <= 0 for lp in plain.stats.token_logprobs)
     assert drafted.stats.token_logprobs == pytest.approx(plain.stats.token_logprobs, abs=1e-4)
+
+
+def test_a_remote_block_route_stops_at_its_time_limit_on_a_stalled_stream():
+    """The remote engine's socket watcher waits on its cancel flag: with a route's Deadline as that flag
+    it died (no `wait`), and a stalled stream held the engine thread for the whole timeout."""
+    from engine.sse_server import SSEServer
+    from lsp_server.engines import make_engine
+
+    with SSEServer(mode="stall") as srv:
+        srv.stall_after = 1
+        cfg = ModelConfig(target="fake", options={"text": "x = 1"},
+                          routes={"block": {"remote": {"url": srv.url, "timeout_ms": 20_000}, "time_limit_ms": 100}})
+        router = make_engine(cfg)
+        started = time.perf_counter()
+        router.complete(CompletionRequest(prefix="def f():\n    ", mode="multi-line"), threading.Event())
+        assert time.perf_counter() - started < 5.0  # the 100 ms limit, not the 20 s timeout
+
+
+def test_a_deadline_waits_like_an_event():
+    outer = threading.Event()
+    now = [0.0]
+    d = Deadline(outer, at=1.0, clock=lambda: now[0])
+    assert d.wait(0.01) is False  # neither set nor past
+    now[0] = 2.0
+    assert d.wait(5.0) is True  # past the deadline: returns at once
+    outer.set()
+    assert Deadline(outer, at=100.0, clock=lambda: 0.0).wait() is True
+
+
+def test_status_of_a_remote_only_router_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom lsp_server.config import ModelConfig\nfrom lsp_server.engines import make_engine\n"
+            "cfg = ModelConfig(remote={'url': 'http://127.0.0.1:9'}, routes={'block': {'remote': {'url': 'http://127.0.0.1:9'}}})\n"
+            "r = make_engine(cfg)\nr.status()\nprint('torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
