@@ -55,6 +55,8 @@ class IndexHandle:
         self._epoch = 0  # bumped by each open and detach
         self._changes = 0  # touch/remove calls, for generation()
         self._changes_by_path: dict[str, int] = {}
+        self._unsettled: dict[str, int] = {}  # path -> its last change number, while the index may lack it
+        self._changes_lock = threading.Lock()  # counted on the loop, read by generation() on the engine thread
         self._watcher: Any = None  # indexer.watch.Watcher over the open index's roots
         self._watch_lock = threading.Lock()
 
@@ -149,22 +151,44 @@ class IndexHandle:
         return self.index.files if self.index is not None else _NO_FILES
 
     def generation(self, path: str) -> tuple[Any, ...]:
-        """A value that changes whenever the index may hold new content for files other than ``path``."""
+        """A value that changes whenever the index may hold new content for files other than ``path``.
+
+        The index applies a change later, on its worker thread: until it has, the value says so (its last
+        part) and it moves again once it has, so what was built from the old content meanwhile (digest
+        stubs, snippets) is not kept under the value the new content is read under.
+        """
         key = os.path.abspath(path) if path else ""
-        return id(self.index), self.state, self._changes - self._changes_by_path.get(key, 0)
+        with self._changes_lock:
+            changes, own = self._changes, self._changes_by_path.get(key, 0)
+        settled = self._settled()  # after reading the count: every change counted so far is applied then
+        with self._changes_lock:
+            if settled:
+                self._unsettled = {p: n for p, n in self._unsettled.items() if n > changes}
+            waiting = any(p != key for p in self._unsettled)  # typing in ``path`` itself keeps the value
+        return id(self.index), self.state, changes - own, waiting
+
+    def _settled(self) -> bool:
+        """Whether the index has applied every change submitted to it (its worker is idle)."""
+        flush = getattr(self.index, "flush", None)
+        try:
+            return not callable(flush) or bool(flush(0))
+        except Exception:
+            return True
 
     def touch(self, path: str, text: str | None = None) -> None:
-        self._count(path)
         self._call("touch", path, text)
+        self._count(path)  # after the index has the change: a count it is not yet pending for would read as settled
 
     def remove(self, path: str) -> None:
-        self._count(path)
         self._call("remove", path)
+        self._count(path)
 
     def _count(self, path: str) -> None:
         key = os.path.abspath(path)
-        self._changes += 1
-        self._changes_by_path[key] = self._changes_by_path.get(key, 0) + 1
+        with self._changes_lock:
+            self._changes += 1
+            self._changes_by_path[key] = self._changes_by_path.get(key, 0) + 1
+            self._unsettled[key] = self._changes
 
     def _call(self, method: str, *args: Any) -> None:
         if self.index is None:

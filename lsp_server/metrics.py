@@ -30,6 +30,12 @@ def track(session: Any) -> int:
     return _NEXT[0]
 
 
+def untrack(number: int) -> None:
+    """Forget a session that ended (its close()): it may live on until a full GC (reference cycles),
+    and would be exported as live meanwhile."""
+    _LIVE.pop(number, None)
+
+
 def live_statuses() -> list[tuple[str, dict]]:
     out = []
     for number, session in list(_LIVE.items()):
@@ -63,7 +69,9 @@ class StatusCollector:
         }
         families = {key: CounterMetricFamily(f"draftline_{key}", doc, labels=["session"]) for key, doc in counters.items()}
         gauges = {
-            "acceptance_rate": GaugeMetricFamily("draftline_acceptance_rate", "accepted / answered", labels=["session"]),
+            "acceptance_rate": GaugeMetricFamily(  # as status' acceptance_rate (Telemetry.acceptance) computes it
+                "draftline_acceptance_rate", "accepted / shown; accepted / answered while the client reports none shown",
+                labels=["session"]),
             "latency_p50": GaugeMetricFamily("draftline_latency_p50_ms", "completion latency p50 (ms)", labels=["session"]),
             "latency_p99": GaugeMetricFamily("draftline_latency_p99_ms", "completion latency p99 (ms)", labels=["session"]),
             "rss": GaugeMetricFamily("draftline_memory_rss_mb", "server resident memory (MB)", labels=["session"]),

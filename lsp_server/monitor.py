@@ -181,6 +181,8 @@ class Monitor:
         return kind not in ("cpu", "None")
 
     def self_check_every(self) -> int:
+        if self.base_spec is None:
+            return 0  # no one spec to re-run plain (engine.router.Router: one per model, base_spec None = off)
         every = self.cfg.self_check_every
         if every >= 0:
             return every

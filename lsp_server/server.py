@@ -96,7 +96,7 @@ class Draftline:
         self.ls = ls
         self.shared = shared  # lsp_server.daemon.Shared: the engine thread, engines, indexes (serve --tcp)
         self.session = shared.session_id() if shared is not None else ""
-        metrics.track(self)  # serve --metrics-port reads status() of every live session
+        self._metrics_id = metrics.track(self)  # serve --metrics-port reads status() of every live session
         self.user_config = user_config
         self.config = Config()
         self.init_options: Any = None
@@ -105,6 +105,7 @@ class Draftline:
         self.cache = SuggestionCache()
         self.telemetry = Telemetry()
         self.slot = EngineSlot()
+        self._load_seq = 0  # bumped by each model switch: a load queued before the latest one is skipped
         self.monitor: Monitor | None = None  # the rollback rules of the ready engine (lsp_server.monitor)
         # a Retriever that is empty until the workspace index is open
         self.index = IndexHandle(shared.indexes if shared is not None else None)
@@ -138,25 +139,36 @@ class Draftline:
             log.info("index settings changed: re-indexing")
             asyncio.ensure_future(self.reindex())
         if self.slot.state == "empty" or old.model != self.config.model:
+            self._cancel_jobs()  # the old model's generations: their answers would be dropped anyway
             self.slot = EngineSlot("loading")  # from now on requests answer empty until ready
             self.monitor = None  # the next engine gets its own
-            asyncio.ensure_future(self.load_engine(self.config))
+            self._load_seq += 1
+            asyncio.ensure_future(self.load_engine(self.config, self._load_seq))
 
-    async def load_engine(self, config: Config) -> None:
+    async def load_engine(self, config: Config, seq: int | None = None) -> None:
+        """Load ``config.model`` and install it, unless another switch (a later ``seq``) came since: a
+        queued load that is no longer wanted does not run, one that ran is dropped, not installed."""
+        seq = self._load_seq if seq is None else seq
+
+        def wanted() -> bool:  # asked on the engine thread too (an int the loop sets: no lock needed)
+            return seq == self._load_seq
+
         try:
-            if self.shared is not None:
+            if self.shared is not None:  # the daemon loads each model once, for every session: asked for
+                if not await self.scheduler.call(wanted):  # only if still wanted at this session's turn there
+                    return
                 engine = await self.shared.engine(config.model)
             else:
-                engine = await self.scheduler.call(lambda: make_engine(config.model))
+                engine = await self.scheduler.call(lambda: make_engine(config.model) if wanted() else None)
         except Exception as exc:
             log.exception("model failed to load")
-            if config.model != self.config.model:
+            if not wanted():
                 return  # superseded by another model while loading
             self.slot = EngineSlot("failed", error=f"{type(exc).__name__}: {exc}")
             message = f"draftline: model {config.model.target!r} failed to load: {self.slot.error}"
             self.ls.window_show_message(t.ShowMessageParams(type=t.MessageType.Error, message=message))
             return
-        if config.model == self.config.model:
+        if engine is not None and wanted():
             self.slot = EngineSlot("ready", Completer(engine, self.config.completion, self.index, self.roots))
             self.monitor = monitor_for(engine, self.config.monitor, _engine_runner(self.scheduler))
             log.info("model %r ready", config.model.target)
@@ -207,7 +219,9 @@ class Draftline:
 
     async def _generate(self, snap: Snapshot, request) -> str:
         """The engine's text for a snapshot; "" when not ready, superseded, cancelled or stale."""
-        completer, monitor = self.slot.completer, self.monitor
+        # what the answer belongs to: a model switch during the await replaces the slot and the cache
+        slot, cache, monitor = self.slot, self.cache, self.monitor
+        completer = slot.completer
         if completer is None:
             return ""
 
@@ -234,10 +248,12 @@ class Draftline:
                 monitor.observe_completion(done)
         if done is None or not done.text or (done.result and done.result.cancelled):
             return ""
+        if slot is not self.slot:
+            return ""  # the old model's answer: neither shown nor remembered (the cache key has no model)
         if not self.is_current(snap.uri, snap.version):
             self.telemetry.stale += 1
             return ""
-        self.cache.remember(snap, request, done.text)
+        cache.remember(snap, request, done.text)
         self.last_chunks = [f"{c.path}:{c.start_line}-{c.end_line}" for c in done.chunks]
         return done.text
 
@@ -288,6 +304,13 @@ class Draftline:
         """The scheduler's key for a document: unquoted like pygls' documents, and this session's own."""
         return f"{self.session}:{unquote(uri)}" if self.session else unquote(uri)
 
+    def _cancel_jobs(self) -> None:
+        """Stop what this session runs or queues on the engine thread (a daemon's: only its own keys)."""
+        if self.shared is None:
+            self.scheduler.cancel_prefix("")
+        elif self.session:
+            self.scheduler.cancel_prefix(f"{self.session}:")
+
     def close(self) -> None:
         """End the session: at ``shutdown``, and again when a daemon's session ends (then a no-op).
 
@@ -297,14 +320,15 @@ class Draftline:
         if self._closed:
             return
         self._closed = True
+        metrics.untrack(self._metrics_id)  # not left to the GC: a reference cycle kept it exported as live
         for timer in self._overlay_timers.values():
             timer.cancel()
         self._overlay_timers.clear()
         self._drop_overlays()
         if self.shared is None:  # a daemon's engine thread outlives its sessions
             self.scheduler.close()
-        elif self.session:  # but what this session asked for stops now, not when its generation ends
-            self.scheduler.cancel_prefix(f"{self.session}:")
+        else:  # but what this session asked for stops now, not when its generation ends
+            self._cancel_jobs()
         self.index.close()
 
     def _drop_overlays(self) -> None:
@@ -610,8 +634,9 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
 
     @ls.feature(t.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
     def did_change_workspace_folders(params: t.DidChangeWorkspaceFoldersParams) -> None:
-        removed = {to_fs_path(f.uri) for f in params.event.removed}
-        app.roots[:] = [r for r in app.roots if str(r) not in removed]  # in place: the completer shares it
+        # normalised on both sides: a folder URI may end in '/', a root (a Path) never does
+        removed = {os.path.normpath(p) for p in (to_fs_path(f.uri) for f in params.event.removed) if p}
+        app.roots[:] = [r for r in app.roots if os.path.normpath(r) not in removed]  # in place: the completer shares it
         app.roots += [Path(p) for p in (to_fs_path(f.uri) for f in params.event.added) if p]
         app.configure()  # the workspace TOML layer follows the roots
         asyncio.ensure_future(app.reindex())

@@ -15,6 +15,7 @@ from lsp_server.config import CompletionConfig
 from lsp_server.context import ContextFinder, build_context
 from lsp_server.digest import Digest, cursor_hint, fit, import_region, one_line
 from lsp_server.documents import Snapshot, display_path
+from lsp_server.index_handle import IndexHandle
 
 SHAPES = '''"""Shapes."""
 import math
@@ -252,12 +253,14 @@ def test_completer_puts_the_digest_first_and_keeps_it_while_typing(ws):
 
 
 def test_a_broken_index_gives_no_digest_and_no_error(ws):
-    root, _ = ws
+    root, index = ws
+    asked: list[str] = []
 
     class Broken:
-        files = None
+        files = index.files  # the imports resolve: it is symbols_in that fails
 
         def symbols_in(self, path):
+            asked.append(path)
             raise RuntimeError("boom")
 
         def chunk(self, cid):
@@ -269,6 +272,41 @@ def test_a_broken_index_gives_no_digest_and_no_error(ws):
     finder = ContextFinder(Broken(), [root], display_path)
     ctx = build_context(MAIN, "\n", MAIN, str(root / "app.py"), "python", 8)
     assert finder.snippets(ctx, 2, 2, 30, digest_tokens=500) == ()
+    assert str(root / "geo" / "shapes.py") in asked
+
+
+def test_a_stub_follows_an_edit_of_the_imported_file_once_the_index_applied_it(ws):
+    root, index = ws
+    handle = IndexHandle()
+    handle.index, handle.state = index, "ready"
+    digest = Digest(handle)
+    app, util = str(root / "app.py"), str(root / "geo" / "util.py")
+
+    def stubs():
+        return [e.text for e in digest.entries(app, "from geo.util import helper\n\n", "", [])]
+
+    assert stubs() == ["def helper(x): ..."]
+    with index._write_lock:  # the index's worker waits here with the edit: a completion comes first
+        handle.touch(util, UTIL.replace("def helper(x):", "def helper(x, *, strict: bool = False) -> int:"))
+        assert stubs() == ["def helper(x): ..."]  # what the index holds still
+    assert index.flush(10)
+    assert stubs() == ["def helper(x, *, strict: bool = False) -> int: ..."]  # not the stub built meanwhile
+
+
+def test_the_generation_waits_for_edits_elsewhere_not_for_the_file_being_typed(ws):
+    root, index = ws
+    handle = IndexHandle()
+    handle.index, handle.state = index, "ready"
+    app, util = str(root / "app.py"), str(root / "geo" / "util.py")
+    with index._write_lock:  # nothing is applied until the end of the block
+        g0 = handle.generation(app)
+        handle.touch(app, MAIN + "Sha")
+        assert handle.generation(app) == g0  # typing in app.py: its snippets and stubs stay as they were
+        handle.touch(util, UTIL + "\nX = 1\n")
+        pending = handle.generation(app)
+        assert pending != g0
+    assert index.flush(10)
+    assert handle.generation(app) not in (g0, pending)  # util.py's edit applied: the value moved again
 
 
 def test_a_file_importing_nothing_of_the_workspace_gets_no_digest(ws):

@@ -34,6 +34,8 @@ def test_status_becomes_metrics_per_session_with_degraded_rules():
     assert 'draftline_monitor_degraded{rule="acceptance",session="1"} 0.0' in out
     assert 'draftline_qps{session="1"} 0.25' in out
     assert 'draftline_qps{session="2"}' not in out  # no monitor yet: no number rather than a made-up 0
+    # what Telemetry.acceptance divides by: shown when the client reports it
+    assert "# HELP draftline_acceptance_rate accepted / shown; accepted / answered while" in out
 
 
 def test_a_session_whose_status_fails_is_skipped_not_the_scrape():

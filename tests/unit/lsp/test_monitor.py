@@ -228,6 +228,18 @@ def test_self_check_is_off_by_default_on_the_cpu():
     assert mon.self_check_every() == 100
 
 
+def test_no_plain_self_check_on_a_router_whose_models_each_have_their_spec():
+    from lsp_server.engines import make_engine
+
+    router = make_engine(ModelConfig(target="fake", options={"text": "a = 1"}, routes={"block": {"options": {"text": "b"}}}))
+    assert router.base_spec is None  # engine.router's "off"
+    mon = Monitor(router, MonitorConfig(self_check_every=1))
+    request = CompletionRequest(prefix="x = ", mode="single-line")
+    for _ in range(3):
+        completion(router, mon, request)
+    assert mon.checks == 0 and mon.self_check_every() == 0 and mon.status()["rules"]["identical"]["every"] == 0
+
+
 def test_qps_is_completions_per_second_over_the_window():
     mon, engine, clock = make(window_s=60.0)
     assert mon.status()["qps"] == 0.0

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pygls.workspace import TextDocument
 
+from lsp_server import metrics
 from lsp_server.index_handle import IndexHandle
 from lsp_server.server import build_server
 
@@ -64,3 +65,11 @@ def test_a_handle_releases_its_shared_index_once_however_often_it_closes():
     handle.close()
     assert registry.released == [shared]  # a second release would close it under the other sessions
     assert handle.index is None and handle.search("anything", 3) == []
+
+
+def test_a_closed_session_leaves_the_metrics_at_once():
+    ls = build_server()  # held here: a reference cycle would keep it anyway until a full GC
+    app = ls.draftline
+    assert any(session is app for session in metrics._LIVE.values())
+    app.close()
+    assert not any(session is app for session in metrics._LIVE.values())  # no longer exported as live

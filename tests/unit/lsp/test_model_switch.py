@@ -1,0 +1,122 @@
+"""A model switch while the old model answers or loads: its answer is dropped, unwanted loads are skipped.
+
+Each test runs as a plain session (its own engine thread) and as a daemon's session (the shared one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from dataclasses import dataclass, field
+
+import pytest
+from lsprotocol import types as t
+from pygls.workspace import Workspace
+
+from engine.fake import FakeEngine
+from lsp_server import daemon, server
+from lsp_server.server import build_server
+
+
+@dataclass
+class Gated(FakeEngine):
+    """Answers in full once the test opens its gate, whatever its cancel flag (a step that cannot stop)."""
+
+    started: threading.Event = field(default_factory=threading.Event)
+    gate: threading.Event = field(default_factory=threading.Event)
+    cancels: list = field(default_factory=list)
+
+    def complete(self, request, cancel, spec=None):
+        self.cancels.append(cancel)
+        self.started.set()
+        self.gate.wait(10)
+        return super().complete(request, threading.Event())
+
+
+async def until(predicate, timeout_s: float = 10.0) -> None:
+    for _ in range(int(timeout_s / 0.01)):
+        if predicate():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+def settings(text: str) -> dict:
+    return {"model": {"target": "fake", "options": {"text": text}}, "completion": {"debounce_ms": 0}}
+
+
+def session(monkeypatch, tmp_path, make, daemon_session: bool):
+    monkeypatch.setattr(server, "make_engine", make)
+    monkeypatch.setattr(daemon, "make_engine", make)
+    shared = daemon.Shared() if daemon_session else None
+    ls = build_server(user_config=tmp_path / "none.toml", shared=shared)
+    ls.protocol._workspace = Workspace(tmp_path.as_uri())
+    return ls.draftline, shared
+
+
+def finish(app, shared) -> None:
+    app.close()
+    if shared is not None:
+        shared.close()
+
+
+@pytest.mark.parametrize("daemon_session", [False, True], ids=["stdio", "daemon"])
+def test_the_old_models_answer_after_a_switch_is_neither_shown_nor_cached(monkeypatch, tmp_path, daemon_session):
+    old, new = Gated(text="OLD_MODEL"), FakeEngine(text="NEW_MODEL")
+    app, shared = session(monkeypatch, tmp_path, lambda model: {"OLD_MODEL": old, "NEW_MODEL": new}[model.options["text"]],
+                          daemon_session)
+    uri = (tmp_path / "a.py").as_uri()
+    app.ls.workspace.put_text_document(t.TextDocumentItem(uri=uri, language_id="python", version=1, text="x = "))
+    here = t.Position(line=0, character=4)
+
+    async def run():
+        app.configure(settings("OLD_MODEL"))
+        await until(lambda: app.slot.state == "ready")
+        asking = asyncio.ensure_future(app.suggest(uri, here))
+        assert await asyncio.to_thread(old.started.wait, 10)  # the old model is generating
+        app.configure(settings("NEW_MODEL"))
+        stopped = old.cancels[-1].is_set()
+        old.gate.set()  # it answers in full after the switch
+        in_flight = await asking
+        await until(lambda: app.slot.state == "ready")
+        return stopped, in_flight, await app.suggest(uri, here)
+
+    try:
+        stopped, in_flight, after = asyncio.run(run())
+    finally:
+        finish(app, shared)
+    assert stopped  # the switch cancels this session's generations
+    assert in_flight is None
+    assert after is not None and after[1] == "NEW_MODEL" and app.telemetry.cache_hits == 0
+
+
+@pytest.mark.parametrize("daemon_session", [False, True], ids=["stdio", "daemon"])
+def test_loads_superseded_before_they_start_never_run_and_only_the_latest_installs(monkeypatch, tmp_path,
+                                                                                    daemon_session):
+    loads: list[str] = []
+    gate = threading.Event()
+
+    def make(model):
+        loads.append(model.options["text"])
+        if len(loads) == 1:
+            gate.wait(10)  # the first load lasts until every switch below was made
+        return FakeEngine(text=model.options["text"])
+
+    app, shared = session(monkeypatch, tmp_path, make, daemon_session)
+
+    async def run():
+        app.configure(settings("A"))
+        await until(lambda: loads == ["A"])  # loading A on the engine thread
+        for text in "BCB":
+            app.configure(settings(text))
+        gate.set()
+        await until(lambda: app.slot.state == "ready")
+        await app.scheduler.call(lambda: None)  # whatever was queued on the engine thread has run
+        await asyncio.sleep(0)  # and its result reached the loop
+
+    try:
+        asyncio.run(run())
+    finally:
+        finish(app, shared)
+    assert loads == ["A", "B"]  # A had started; B and C were no longer wanted when their turn came
+    assert app.slot.state == "ready" and app.slot.completer.engine.text == "B"
