@@ -66,6 +66,8 @@ class Engine:
         self.base_spec = config.spec  # as configured; apply_overrides derives config.spec from it
         tok = target.tokenizer
         template = TEMPLATES[config.template] if config.template != "auto" else detect_template(tok, target.name)
+        if draft is not None:
+            check_draft_rows(target, draft)
         shared = min(target.vocab_size, draft.vocab_size) if draft else None
         self.target_lm = make_lm(target, shared, config.backend, config.budget.total, config.quant, config.cuda_graphs)
         self.draft_lm = make_lm(draft, shared, config.backend, config.budget.total, config.quant,
@@ -448,6 +450,23 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     if eagle_draft is not None:
         eagle.attach(engine, eagle_draft)
     return engine
+
+
+def check_draft_rows(target: LoadedModel, draft: LoadedModel) -> None:
+    """Refuse a draft with fewer rows of logits than the target has real tokens.
+
+    Both models' logits are cut to the rows they share (make_lm's vocab_limit), the target's too, so
+    that its verify and the draft's guesses index one vocabulary: a target token above the cut could
+    never be emitted, and answers would differ from the target's alone (CodeLlama-7B's <EOT> is id
+    32010 of 32,016; a 32,000-row Llama-2 draft would cut it off). Rows past the target's tokenizer
+    are padding no token uses (Qwen2.5-Coder 7B: 152,064 rows, 151,665 tokens; its 0.5B draft has
+    151,936 rows), so cutting those changes nothing and such a pair still runs."""
+    shared = min(target.vocab_size, draft.vocab_size)
+    real = min(target.vocab_size, len(target.tokenizer))
+    if real > shared:
+        raise ValueError(f"draft {draft.name} has {draft.vocab_size} rows of logits but target {target.name} has "
+                         f"{real} tokens: the target could never emit its {real - shared} ids from {shared} on "
+                         "with this draft; use a draft with the target's whole vocabulary")
 
 
 def check_shared_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

@@ -61,16 +61,28 @@ def cache_dir() -> Path:
 # --- conversion --------------------------------------------------------------------------------
 
 def model_hash(model_dir: str | os.PathLike) -> str:
-    """sha256 over the names and bytes of the files that define the model and its tokenizer."""
-    h = hashlib.sha256()
+    """sha256 over the names and bytes of the files that define the model and its tokenizer.
+
+    Remembered by the directory and each file's name, size and mtime (engine.gguf.remembered_hash, as
+    for a GGUF file): computed anew, it read every byte on every start, 14 GB for a 7B model."""
+    from engine.gguf import remembered_hash
+
     root = Path(model_dir)
-    for p in sorted(root.iterdir()):
-        if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".model", ".txt"):
+    files = [p for p in sorted(root.iterdir()) if p.is_file()
+             and p.suffix in (".json", ".safetensors", ".bin", ".model", ".txt")]
+    stats = [(p.name, p.stat()) for p in files]
+    key = f"dir:{root.resolve()}|" + "|".join(f"{name}:{st.st_size}:{st.st_mtime_ns}" for name, st in stats)
+
+    def compute() -> str:
+        h = hashlib.sha256()
+        for p in files:
             h.update(p.name.encode() + b"\0")
             with p.open("rb") as f:
                 for block in iter(lambda: f.read(1 << 20), b""):
                     h.update(block)
-    return h.hexdigest()[:20]
+        return h.hexdigest()
+
+    return remembered_hash(key, compute)[:20]
 
 
 def find_converter(src: str | os.PathLike | None = None) -> Path:

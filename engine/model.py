@@ -1,4 +1,4 @@
-"""Load Hugging Face causal LMs and run them behind an exact prefix-reusing KV cache."""
+"""Load Hugging Face causal LMs and run them behind a prefix-reusing KV cache (what is exact: prefill_reusing)."""
 
 from __future__ import annotations
 
@@ -175,12 +175,22 @@ def batched_rows_differ(lm: Any, ids: Sequence[int], rows: int = 8, offsets: Seq
 
 
 def prefill_reusing(lm, tokens: Sequence[int], cancel: threading.Event | None = None) -> tuple[torch.Tensor | None, int]:
-    """Make `lm` (CachedLM or LeanLM) hold `tokens`, reusing the longest common prefix exactly.
+    """Make `lm` (CachedLM or LeanLM) hold `tokens`, reusing the longest common prefix.
 
     Returns (logits of the last position (V,), number of reused tokens). At least the last token
     is always run so its logits are fresh. With `cancel`, the new tokens run in chunks and the
     flag is checked between them: a set flag returns (None, reused) with the chunks done so far
     kept in the cache, where the next keystroke's prompt reuses them.
+
+    What is exact: the reused positions' KV is kept as it was computed, never recomputed, so from
+    one cache state speculation gives plain decoding's tokens wherever verify rows are decode steps
+    (float32, the lean decoder's int8/int4 path; batched_rows_differ probes llama.cpp).
+    What is not: a warm cache against a cold one. The reused KV may have been written by decode
+    and verify forwards, which do not round like a prefill chunk over the same tokens: on the lean
+    decoder's bf16 int8/int4 path (forwards of at most INT8_MAX_ROWS tokens run int8 kernels)
+    they differ in the last bits of bf16, enough that a near-tie flips and a warm answer differs
+    from a cold one (README: 8 of 30 tasks); in float32 by rounding only (~5e-7 in the logits of
+    the tests' tiny models).
     """
     if not tokens:
         raise ValueError("prefill needs at least one token")
@@ -205,7 +215,7 @@ class CachedLM:
 
     This is the backend seam: "run these tokens at the next positions, give logits, keep the first
     n positions". Rejection and cross-call reuse both become `truncate(n)`; nothing before n is
-    ever recomputed.
+    ever recomputed (kept as computed, which need not be a fresh prefill's bits: see prefill_reusing).
     """
 
     def __init__(self, model: Any, device: torch.device, vocab_limit: int | None = None):

@@ -37,13 +37,32 @@ _lib: ctypes.CDLL | None = None
 _why: str | None = None  # why there is no library (None: not tried yet, or loaded)
 
 
+def _cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> set[str] | None:
+    """The CPU's feature flags as Linux lists them, or None where they cannot be read."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.split(":")[0].strip() == "flags":
+            return set(line.partition(":")[2].split())
+    return None
+
+
 def _cpu_ok() -> str | None:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return f"not an x86-64 CPU ({platform.machine()})"
     try:
         cap = torch.backends.cpu.get_cpu_capability()
-    except Exception:  # an old torch: let the compiled code's own check decide
-        cap = "AVX2"
+    except Exception as exc:
+        # native.c checks for AVX512-VNNI only, never for AVX2: loaded on a CPU without it, its first
+        # call dies of SIGILL. Without torch's word, run it only where the CPU's flags list both.
+        flags = _cpu_flags()
+        if flags is None:
+            return f"cannot tell whether the CPU has AVX2 and FMA (torch: {exc}; no CPU flags in /proc/cpuinfo)"
+        if missing := [f.upper() for f in ("avx2", "fma") if f not in flags]:
+            return f"the CPU has no {' or '.join(missing)} (/proc/cpuinfo)"
+        return None
     if cap not in ("AVX2", "AVX512"):
         return f"the CPU has no AVX2 (torch reports {cap})"
     return None
@@ -57,11 +76,17 @@ def _build(cc: str, source: Path = SOURCE) -> Path:
     src = source.read_bytes()
     # without OpenMP (e.g. Apple clang): one thread; DL_NO_VNNI: a compiler that does not know AVX512-VNNI
     attempts = [FLAGS + ["-fopenmp"], FLAGS, FLAGS + ["-fopenmp", "-DDL_NO_VNNI"], FLAGS + ["-DDL_NO_VNNI"]]
-    for flags in attempts:
-        key = hashlib.sha256(src + " ".join([cc, *flags, version]).encode()).hexdigest()[:20]
-        out = cache_root() / "native" / f"draftline-{key}.so"
-        if out.is_file():
-            return out
+    outs = [cache_root() / "native" / f"draftline-{_key(src, cc, flags, version)}.so" for flags in attempts]
+    if built := [out for out in outs if out.is_file()]:
+        return built[0]
+    # every attempt failed on an earlier start (each costs up to a few seconds): not tried again until
+    # the source, the flags or the compiler change, or the marker is deleted
+    failed = outs[0].with_name(f"draftline-{_key(src, cc, [f for a in attempts for f in a], version)}.failed")
+    if failed.is_file():
+        raise RuntimeError(f"{failed.read_text(errors='replace').strip()} (on an earlier start; "
+                           f"delete {failed} to try again)")
+    errors = []
+    for flags, out in zip(attempts, outs):
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
         run = subprocess.run([cc, *flags, "-o", str(tmp), str(source), "-lm"], capture_output=True, text=True,
@@ -72,7 +97,15 @@ def _build(cc: str, source: Path = SOURCE) -> Path:
         tmp.unlink(missing_ok=True)
         err = run.stderr.strip().splitlines()[-1:] or ["no output"]
         log.info("native kernels: %s %s failed: %s", cc, " ".join(flags), err[0])
-    raise RuntimeError(f"{cc} could not compile {source.name}")
+        errors.append(err[0])
+    why = f"{cc} could not compile {source.name} ({errors[-1]})"
+    with contextlib.suppress(OSError):  # a read-only cache only costs the attempts next time
+        failed.write_text(why + "\n")
+    raise RuntimeError(why)
+
+
+def _key(src: bytes, cc: str, flags: list[str], version: str) -> str:
+    return hashlib.sha256(src + " ".join([cc, *flags, version]).encode()).hexdigest()[:20]
 
 
 def lib() -> ctypes.CDLL | None:

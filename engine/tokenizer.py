@@ -31,6 +31,15 @@ def _content(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+def _prefix_space(spec: Path) -> bool:
+    """Does tokenizer.json's pre-tokenizer (or a step of its sequence) add a space before the text?"""
+    try:
+        pre = json.loads(spec.read_text()).get("pre_tokenizer") or {}
+    except ValueError:
+        return True  # unreadable here: let transformers say
+    return any(isinstance(step, dict) and step.get("add_prefix_space") for step in pre.get("pretokenizers") or [pre])
+
+
 class FastTokenizer:
     """encode / decode / get_vocab / special ids over a `tokenizers.Tokenizer`, as transformers does them."""
 
@@ -59,6 +68,12 @@ class FastTokenizer:
             return None
         kind = config.get("tokenizer_class") or "PreTrainedTokenizerFast"
         if kind not in PLAIN_CLASSES or config.get("auto_map"):
+            return None
+        # transformers' GPT-2 and Qwen2 classes rebuild the pre-tokenizer with the config's add_prefix_space
+        # (default false) whatever tokenizer.json says: "hello" then encodes as " hello" there and not
+        # here, or the other way round. Where either side asks for the space, transformers loads it.
+        if config.get("add_prefix_space") or (kind not in ("TokenizersBackend", "PreTrainedTokenizerFast")
+                                              and _prefix_space(spec)):
             return None
         from tokenizers import Tokenizer
 

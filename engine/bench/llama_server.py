@@ -101,6 +101,12 @@ class Server:
         self.close()
         raise RuntimeError(f"llama-server did not become healthy in 120 s; log: {self.log.name}")
 
+    def tokenize(self, text: str) -> list[int]:
+        """llama.cpp's own tokenization of `text` (the GGUF's tokenizer, as its model was trained)."""
+        reply = self.http.post("/tokenize", json={"content": text, "add_special": False})
+        reply.raise_for_status()
+        return list(reply.json()["tokens"])
+
     def complete(self, tokens: list[int], max_new: int) -> dict:
         reply = self.http.post("/completion", json={
             "prompt": tokens, "n_predict": max_new, "temperature": 0.0, "top_k": 1, "cache_prompt": False,
@@ -145,6 +151,7 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
     names = ["llama-server", *(f"llama-server-{x}" for x in specs), *(f"{label}-{m}" for m in DRAFTLINE_MODES)]
     runs: dict[str, list[dict]] = {name: [] for name in names}
     prompt_lengths: list[int] = []
+    tokenizer_agrees = 0
     try:
         servers["llama-server"] = Server(binary, str(gguf), args.threads)
         for x in specs:
@@ -160,6 +167,9 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
             # answer has, so the answer times compare answers of one length
             n_predict = max(1, first.stats.generated_tokens)
             prompt_lengths.append(len(tokens))
+            # draftline's tokenizer (converted from the GGUF) against llama.cpp's on the prompt's code
+            tokenizer_agrees += servers["llama-server"].tokenize(prefix) == engine.target.tokenizer.encode(
+                prefix, add_special_tokens=False)
             for name in names[i % len(names):] + names[: i % len(names)]:
                 if name in servers:
                     out = servers[name].complete(tokens, n_predict)
@@ -191,6 +201,7 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
             server.close()
     base = statistics.median(r["decode_ms_per_token"] for r in runs["llama-server"])
     report = {"gguf": str(gguf), "server": binary, "threads": args.threads, "prompts": len(prompts),
+              "tokenizer_agrees": f"{tokenizer_agrees}/{len(prompts)}",
               "prompt_tokens_mean": round(statistics.mean(prompt_lengths), 1), "max_new": args.max_new, "engines": {}}
     for name, rs in runs.items():
         ms = statistics.median(r["decode_ms_per_token"] for r in rs)
@@ -208,7 +219,8 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
         print(json.dumps(report, indent=2))
         return 0
     print(f"{gguf} on {args.threads} threads, {len(prompts)} held-out prompts of {report['prompt_tokens_mean']} "
-          f"tokens (mean), up to {args.max_new} new tokens, cold")
+          f"tokens (mean), up to {args.max_new} new tokens, cold; draftline's tokenizer equals llama.cpp's on "
+          f"{report['tokenizer_agrees']} prompts")
     print(f"{'engine':<34}{'decode ms/tok':>14}{'first token ms':>16}{'tokens':>8}{'answer ms':>11}{'x llama-server':>16}"
           f"{'answer = plain':>16}")
     for name, r in report["engines"].items():

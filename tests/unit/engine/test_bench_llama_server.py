@@ -40,6 +40,7 @@ def test_bench_against_a_real_llama_server(capsys):
                  "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     engines = report["engines"]
+    assert report["tokenizer_agrees"] == "1/1"  # the converted tokenizer splits text as llama.cpp does
     assert set(engines) == {"llama-server", "llama-server-ngram-cache", "draftline-plain", "draftline-ngram-adaptive",
                             "draftline-default"}
     assert engines["llama-server-ngram-cache"]["same_as_plain"] == 1  # llama-server's speculation, against itself

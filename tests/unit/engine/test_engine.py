@@ -411,9 +411,10 @@ def test_a_cancel_during_the_drafts_cold_prefill_stops_it_between_chunks(engine,
     engine.forget()
 
 
-def test_token_healing_with_a_draft_of_smaller_vocabulary(model_dirs, tokenizer_dir, tmp_path):
-    """The target's logits are cut to the vocabulary it shares with the draft: healing's allowed first
-    tokens are ids below that cut, and every mode gives the plain answer."""
+def test_a_draft_that_cuts_off_target_tokens_is_refused(model_dirs, tokenizer_dir, tmp_path):
+    """Both models' logits are cut to the rows they share, the target's too: a draft 150 rows short of
+    the target's tokenizer made its last 150 tokens unreachable (and answers differ from the target's
+    alone), so such a pair is refused, saying how many ids it would lose."""
     import shutil
 
     from tests.unit.engine.conftest import tiny_model
@@ -423,13 +424,30 @@ def test_token_healing_with_a_draft_of_smaller_vocabulary(model_dirs, tokenizer_
     tiny_model("llama", vocab=small, seed=12, layers=1, hidden=16).save_pretrained(tmp_path)
     for f in tokenizer_dir.iterdir():
         shutil.copy(f, tmp_path / f.name)
-    eng = load_engine(str(model_dirs["target"]), str(tmp_path), dtype="float32", config=EngineConfig(template="plain"))
+    with pytest.raises(ValueError, match=rf"could never emit its 150 ids from {small} on"):
+        load_engine(str(model_dirs["target"]), str(tmp_path), dtype="float32")
+
+
+def test_token_healing_with_a_draft_of_smaller_vocabulary(model_dirs, tokenizer_dir, tmp_path):
+    """A target whose extra rows are padding past its tokenizer (Qwen2.5-Coder 7B against its 0.5B draft)
+    runs with a draft of fewer rows: the target's logits are cut to the shared rows, healing's allowed
+    first tokens are ids below that cut, and every mode gives the plain answer."""
+    import shutil
+
+    from tests.unit.engine.conftest import tiny_model
+
+    tok = load_engine(str(model_dirs["target"]), None, dtype="float32").target.tokenizer
+    padded = len(tok) + 150
+    tiny_model("llama", vocab=padded, seed=12, layers=2, hidden=48).save_pretrained(tmp_path)
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, tmp_path / f.name)
+    eng = load_engine(str(tmp_path), str(model_dirs["draft"]), dtype="float32", config=EngineConfig(template="plain"))
+    assert eng.target.vocab_size == padded and eng.target_lm.vocab_limit == len(tok) == eng.draft.vocab_size
     req = CompletionRequest(prefix="def area(width, height):\n    return width * ", path="x.py",
                             mode="single-line", limits=Limits(max_tokens=12, max_lines=1))
     _, healed, allowed = eng._heal(eng.prompts.build(req).tokens)
-    assert healed == " " and int(allowed.max()) < small
-    assert any(tok.decode([i]).startswith(" ") for i in range(small, len(tok)))  # cut off: not allowed
+    assert healed == " " and int(allowed.max()) < len(tok)
     plain = eng.complete(req, threading.Event(), SpecConfig(drafter="none"))
-    assert plain.tokens and tok.decode(plain.tokens[:1]).startswith(" ")
+    assert plain.tokens and max(plain.tokens) < len(tok) and tok.decode(plain.tokens[:1]).startswith(" ")
     for drafter in ("ngram", "draft", "hybrid"):
         assert eng.complete(req, threading.Event(), SpecConfig(drafter=drafter)).tokens == plain.tokens, drafter

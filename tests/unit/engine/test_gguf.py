@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 import torch
 
+from tokenizers import Tokenizer
+
 from engine import gguf as eg
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN, CTX = 2, 64, 4, 2, 128, 256
@@ -107,7 +109,7 @@ def _finish(w) -> None:
     w.close()
 
 
-def _write_tiny_llama(path: Path) -> TinyGguf:
+def _write_tiny_llama(path: Path, pre: str = "default") -> TinyGguf:
     import gguf
 
     tokens = _tokens()
@@ -124,7 +126,7 @@ def _write_tiny_llama(path: Path) -> TinyGguf:
     w.add_layer_norm_rms_eps(RMS_EPS)
     w.add_vocab_size(vocab)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([gguf.TokenType.NORMAL] * (vocab - 1) + [gguf.TokenType.CONTROL])
     w.add_token_merges(MERGES)
@@ -464,3 +466,20 @@ def test_load_engine_runs_a_gguf_quantized_in_bfloat16_by_default(tiny, loaded):
     assert res32.stop_reason != "error" and len(res32.tokens) <= 8
     plain = dense.complete(req, threading.Event(), SpecConfig(drafter="none"))
     assert plain.tokens == res32.tokens  # speculation changes nothing in float32
+
+
+def test_a_digit_splitting_pre_tokenizer_survives_the_conversion(tmp_path, monkeypatch):
+    """SmolLM2's GGUF says `tokenizer.ggml.pre = smollm` (llama.cpp: every digit split off first);
+    transformers' loader does not know the name and split "\n    1" as GPT-2 does, unlike the model's
+    training (and llama-server). The converted tokenizer splits digits as the file says."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    out = {}
+    for pre in ("default", "smollm"):
+        d = tmp_path / pre
+        d.mkdir()
+        _write_tiny_llama(d / "m.gguf", pre=pre)
+        tok = Tokenizer.from_file(str(eg.converted(d / "m.gguf") / "tokenizer.json"))
+        out[pre] = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str("x = 42\n    1")]
+        assert json.loads((eg.converted(d / "m.gguf") / "draftline-source.json").read_text())["tokenizer_pre"] == pre
+    assert "Ġ42" in out["default"] and "Ġ42" not in out["smollm"]
+    assert "4" in out["smollm"] and "2" in out["smollm"] and "1" in out["smollm"]

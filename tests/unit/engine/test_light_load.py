@@ -71,6 +71,37 @@ def test_other_tokenizer_classes_go_to_transformers(model_dirs, tmp_path):
     assert loaded.weights is None and loaded._model is not None  # transformers loaded it, as before
 
 
+
+@pytest.mark.parametrize("kind", ["TokenizersBackend", "GPT2Tokenizer", "Qwen2Tokenizer"])
+def test_add_prefix_space_either_matches_transformers_or_goes_to_it(model_dirs, tmp_path, kind):
+    """`add_prefix_space` in tokenizer_config.json was ignored here: transformers' GPT-2 and Qwen2 classes
+    encoded "hello" as " hello" and this class as "hello". Whatever the config and tokenizer.json say,
+    the light tokenizer encodes as AutoTokenizer does, or leaves the directory to transformers."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    for config_says in (None, False, True):
+        for json_says in (False, True):
+            d = tmp_path / f"{config_says}-{json_says}"
+            d.mkdir()
+            for f in model_dirs["target"].glob("tokenizer*"):
+                shutil.copy(f, d / f.name)
+            spec = json.loads((d / "tokenizer.json").read_text())
+            assert spec["pre_tokenizer"]["type"] == "ByteLevel"
+            spec["pre_tokenizer"]["add_prefix_space"] = json_says
+            (d / "tokenizer.json").write_text(json.dumps(spec))
+            config = {**json.loads((d / "tokenizer_config.json").read_text()), "tokenizer_class": kind}
+            if config_says is not None:
+                config["add_prefix_space"] = config_says
+            (d / "tokenizer_config.json").write_text(json.dumps(config))
+            fast, ref = FastTokenizer.load(d), AutoTokenizer.from_pretrained(d)
+            if config_says:
+                assert fast is None, (config_says, json_says)
+            if fast is not None:
+                for text in ("hello world", TEXTS[0]):
+                    assert fast.encode(text) == ref.encode(text), (config_says, json_says, text)
+
 def test_light_load_runs_the_same_model(model_dirs):
     loaded = load_model(str(model_dirs["target"]))
     assert loaded.weights is not None and loaded._model is None  # no transformers model built

@@ -364,3 +364,47 @@ def test_bench_kernels_against_a_native_c_of_plain_int8_rows(capsys):
     assert report["other_int8_tiles"] == 1 and report["vnni"] is False  # the AVX2 path, timed on any CPU
     assert native.vnni() == vnni  # and the process's choice is back
     assert all(r["same_logits"] for r in report["rows"].values())
+
+
+def test_without_torch_s_word_the_cpu_flags_decide(monkeypatch, tmp_path):
+    """native.c never checks for AVX2 (only for VNNI): where torch cannot say what the CPU runs, the
+    kernels load only where /proc/cpuinfo lists avx2 and fma; before, they were assumed (SIGILL)."""
+    def broken():
+        raise RuntimeError("too old a torch")
+
+    monkeypatch.setattr(native.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(native.torch.backends.cpu, "get_cpu_capability", broken)
+    cpuinfo, read_flags = tmp_path / "cpuinfo", native._cpu_flags
+    monkeypatch.setattr(native, "_cpu_flags", lambda: read_flags(cpuinfo))
+
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx fma\n\nprocessor\t: 1\nflags\t\t: fpu sse2 avx fma\n")
+    assert native._cpu_ok() == "the CPU has no AVX2 (/proc/cpuinfo)"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx\n")
+    assert native._cpu_ok() == "the CPU has no AVX2 or FMA (/proc/cpuinfo)"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma bmi2\n")
+    assert native._cpu_ok() is None
+    cpuinfo.unlink()  # not Linux: unknown, so no kernels
+    assert "cannot tell whether the CPU has AVX2 and FMA" in native._cpu_ok()
+
+
+def test_a_failed_compile_is_remembered(monkeypatch, tmp_path):
+    """A compiler that cannot build native.c was run four times on every start; now the failure is kept
+    beside the cached library (per source, flags and compiler) and later starts give its reason at once."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calls = tmp_path / "calls"
+    cc = tmp_path / "fakecc"
+    cc.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then echo "fakecc 1.0"; exit 0; fi\n'
+                  f'echo compile >> {calls}\necho "native.c:1: error: no intrinsics here" >&2\nexit 1\n')
+    cc.chmod(0o755)
+    with pytest.raises(RuntimeError, match="could not compile native.c .native.c:1: error: no intrinsics here."):
+        native._build(str(cc))
+    assert calls.read_text().count("compile") == 4  # every flag set was tried once
+    with pytest.raises(RuntimeError, match="no intrinsics here.*on an earlier start; delete .*failed to try again"):
+        native._build(str(cc))
+    assert calls.read_text().count("compile") == 4  # not tried again
+
+    other = tmp_path / "native.c"  # another source (or flags, or compiler version): tried anew
+    other.write_bytes(native.SOURCE.read_bytes() + b"\n")
+    with pytest.raises(RuntimeError, match="could not compile"):
+        native._build(str(cc), other)
+    assert calls.read_text().count("compile") == 8
