@@ -108,6 +108,12 @@ class Linear:
         self.w, self.b, self.q, self.s, self.sf = w, b, None, None, None
         if quant == "int4" and not int4_fits(w):
             quant = "int8"
+        k = w.shape[1]
+        if quant == "int8" and not (native and k % native_kernels.QK == 0) and k % 16:
+            # neither the native kernels (blocks of 32 inputs) nor torch's int8 kernel can take it: on an
+            # AVX-512 CPU `_weight_int8pack_mm` gave NaN for one row and crashed the process for several
+            # when K % 16 != 0 (an ffn of 100, a head_dim of 50): the linear stays dense
+            quant = "none"
         self.int4 = quant == "int4"
         self.n4 = self.int4 and native
         if packed is not None and packed[0].dtype != (torch.uint8 if self.int4 else torch.int8):
@@ -188,6 +194,9 @@ def supports(model: Any) -> str | None:
         return "sliding-window attention"
     if getattr(cfg, "mlp_bias", False):
         return "MLP bias"
+    heads, kv = cfg.num_attention_heads, getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    if heads % kv:  # the kernels map query head h to KV head h // (heads // kv): it must divide
+        return f"{heads} attention heads over {kv} KV heads"
     return None
 
 
@@ -342,10 +351,13 @@ class LeanLM:
         # these shapes: 48 vs 121 us for one query over 1,500 positions, 6.1 vs 7.5 ms for a
         # 256-token chunk (4 heads of 64). GPUs keep SDPA (flash kernels).
         self.manual_attention = torch.device(device).type == "cpu"
+        # the kernels take float32 and bfloat16 activations (a float16 model on the CPU runs torch's ops)
+        native_dtype = dtype in (torch.float32, torch.bfloat16)
         if native is None:
-            native = self.manual_attention and native_kernels.lib() is not None
-        elif native and not (self.manual_attention and native_kernels.lib() is not None):
-            raise ValueError(f"native kernels unavailable: {native_kernels.unavailable_reason() or 'not on a CPU'}")
+            native = self.manual_attention and native_dtype and native_kernels.lib() is not None
+        elif native and not (self.manual_attention and native_dtype and native_kernels.lib() is not None):
+            why = native_kernels.unavailable_reason() or ("not on a CPU" if not self.manual_attention else f"{dtype}")
+            raise ValueError(f"native kernels unavailable: {why}")
         self.native = native
         self.native_prefill_attention = True  # prefill chunks attend on the native kernel too (see _forward)
         self.tokens: list[int] = []

@@ -218,6 +218,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
     kvh, length = keys.shape[0], keys.shape[1]
     if not (keys.is_contiguous() and values.is_contiguous() and keys.dtype == values.dtype == torch.float32):
         raise ValueError("attend needs contiguous float32 key/value caches")
+    if values.shape != keys.shape or keys.dim() != 3 or keys.shape[2] != d or start < 0:
+        raise ValueError(f"attend: q {tuple(q.shape)} against caches {tuple(keys.shape)} / {tuple(values.shape)}")
     if h % kvh or start + t > length or work.numel() < t * h * (length + d) or work.dtype != torch.float32:
         raise ValueError(f"attend: unsupported shapes q {tuple(q.shape)} cache {tuple(keys.shape)}")
     q = _input(q)
@@ -268,7 +270,9 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: i
     qkv = qkv.contiguous()
     _same(qkv, cos, sin)
     if row != (heads + 2 * kv_heads) * d or q_out.shape != (heads, t, d) or q_out.dtype != torch.float32 \
-            or not q_out.is_contiguous() or cos.shape != (t, d) or start + t > keys.shape[1]:
+            or not q_out.is_contiguous() or cos.shape != (t, d) or sin.shape != (t, d) or start < 0 \
+            or start + t > keys.shape[1] or tuple(keys.shape) != (kv_heads, keys.shape[1], d) \
+            or values.shape != keys.shape:
         raise ValueError(f"rope_store: unsupported shapes qkv {tuple(qkv.shape)} cos {tuple(cos.shape)}")
     if not (keys.is_contiguous() and values.is_contiguous() and keys.dtype == values.dtype == torch.float32):
         raise ValueError("rope_store needs contiguous float32 key/value caches")
@@ -378,6 +382,18 @@ class Layers:
         self.eps, self.scale, self.rows, self.dtype = eps, scale, rows, dtype
         self.hidden = layers[0][0].shape[0]
         self.length = caches[0][0].shape[1]
+        # dl_layers trusts every shape it is given (a wrong one reads or writes out of bounds and kills
+        # the server): what it will index is checked here, once
+        c, qkv_rows = self.hidden, (heads + 2 * kv_heads) * head_dim
+        if kv_heads <= 0 or heads % kv_heads:
+            raise ValueError(f"Layers: {heads} heads over {kv_heads} KV heads")
+        for (ln1, wqkv, wo, ln2, wgu, wdown), (k, v) in zip(layers, caches):
+            if tuple(k.shape) != (kv_heads, self.length, head_dim) or k.shape != v.shape:
+                raise ValueError(f"Layers: a KV cache of shape {tuple(k.shape)}, not {(kv_heads, self.length, head_dim)}")
+            for lin, n, kk in ((wqkv, qkv_rows, c), (wo, c, heads * head_dim), (wgu, 2 * ffn, c), (wdown, c, ffn)):
+                rows_n, cols = (lin.q.shape[0], lin.q.shape[1] * (2 if lin.n4 else 1))
+                if cols != kk or rows_n < n or tuple(ln1.shape) != (c,) or tuple(ln2.shape) != (c,):
+                    raise ValueError(f"Layers: a weight of shape {tuple(lin.q.shape)} where ({n}, {kk}) is wanted")
         keep = []  # every tensor whose address is in the table
         table = []
         def add(t: torch.Tensor) -> None:

@@ -175,3 +175,46 @@ def test_int8_needs_bfloat16_on_the_cpu():
         LeanLM(tiny_model("llama"), CPU, quant="int8")
     with pytest.raises(ValueError, match="quant"):
         LeanLM(tiny_model("llama"), CPU, quant="int3")
+
+
+def _odd_llama(**over):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(3)
+    cfg = dict(vocab_size=97, hidden_size=64, intermediate_size=100, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=512)
+    cfg.update(over)
+    return LlamaForCausalLM(LlamaConfig(**cfg)).eval()
+
+
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_a_linear_no_int8_kernel_can_take_stays_dense(quant):
+    """An ffn of 100 (K % 16 != 0): the native kernels take blocks of 32 and torch's int8 kernel gave NaN
+    for one row and crashed the process for several on an AVX-512 CPU; such a linear stays dense."""
+    model = _odd_llama().to(torch.bfloat16)
+    lm, ref = LeanLM(model, CPU, max_len=128, quant=quant), LeanLM(model, CPU, max_len=128)
+    down = lm.layers[0][5]
+    assert down.q is None  # dense
+    prompt = list(range(3, 40))
+    lm.prefill(prompt), ref.prefill(prompt)
+    for rows in ([5], [6, 7, 8, 9]):  # decode and verify rows (the int8 paths)
+        got, want = lm.forward(rows), ref.forward(rows)
+        assert torch.isfinite(got).all() and (got.argmax(-1) == want.argmax(-1)).float().mean() >= 0.5
+
+
+def test_heads_that_do_not_share_kv_heads_evenly_are_refused():
+    """6 query heads over 4 KV heads: the kernels' head -> KV head map would read past the cache."""
+    from engine.lean import supports
+
+    model = _odd_llama(hidden_size=96, num_attention_heads=6, num_key_value_heads=4)
+    assert "6 attention heads over 4 KV heads" in supports(model)
+    with pytest.raises(ValueError, match="KV heads"):
+        LeanLM(model, CPU, max_len=64, quant="int8")
+
+
+def test_a_float16_model_runs_on_torchs_ops_on_the_cpu():
+    """The native kernels take float32 and bfloat16: with float16 every request failed."""
+    model = _odd_llama(intermediate_size=128).to(torch.float16)
+    lm = LeanLM(model, CPU, max_len=128)
+    assert not lm.native
+    assert torch.isfinite(lm.forward(list(range(3, 40)))).all() and torch.isfinite(lm.forward([5, 6, 7])).all()

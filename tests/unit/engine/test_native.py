@@ -408,3 +408,24 @@ def test_a_failed_compile_is_remembered(monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match="could not compile"):
         native._build(str(cc), other)
     assert calls.read_text().count("compile") == 8
+
+
+@needs
+def test_the_kernels_refuse_shapes_they_would_index_out_of_bounds():
+    """dl_layers, attend and rope_store trust the shapes they get; a wrong one would read or write past
+    a buffer and kill the server, so the Python side refuses it."""
+    lm = _tiny_lean(True)
+    k, v = lm._kv_views[0]
+    with pytest.raises(ValueError, match="caches"):  # values of another shape than keys
+        native.attend(torch.zeros(4, 1, 16), k, v[:, :, :8].contiguous(), 0, 1.0, lm._work)
+    with pytest.raises(ValueError, match="caches"):  # a negative start
+        native.attend(torch.zeros(4, 1, 16), k, v, -1, 1.0, lm._work)
+    args = (lm.n_heads, lm.n_kv, lm.head_dim, lm.ffn, lm.eps, lm.scale, 32, torch.bfloat16, lm._work)
+    bad_caches = [(kk[:, :, :8].contiguous(), vv[:, :, :8].contiguous()) for kk, vv in lm._kv_views]
+    with pytest.raises(ValueError, match="KV cache"):
+        native.Layers(lm.layers, bad_caches, *args)
+    with pytest.raises(ValueError, match="KV heads"):
+        native.Layers(lm.layers, lm._kv_views, 6, 4, *args[2:])
+    with pytest.raises(ValueError, match="weight"):  # the ffn the weights do not have
+        native.Layers(lm.layers, lm._kv_views, *args[:3], 2 * lm.ffn, *args[4:])
+    assert native.Layers(lm.layers, lm._kv_views, *args).count == 2  # the right shapes still build
