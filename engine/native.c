@@ -698,13 +698,16 @@ static void linear_any(void *const *p, const void *x, int bf16, int64_t M, int64
 void dl_layers(void *x, int bf16, int64_t T, int64_t start, int64_t NL, int64_t C, int64_t H, int64_t KVH,
                int64_t D, int64_t F, int64_t L, float eps, float scale, void *const *ptrs, const void *cos,
                const void *sin, void *h, void *qkv, float *q, void *att, void *gu, void *act, uint8_t *scratch,
-               float *work) {
+               float *work, void *const *qkv_bias) {
     const int64_t nqkv = (H + 2 * KVH) * D;
     for (int64_t l = 0; l < NL; l++) {
         void *const *p = ptrs + 20 * l;
         float *kc = (float *)p[18], *vc = (float *)p[19];
         dl_rmsnorm(x, bf16, p[0], T, C, eps, h);
         linear_any(p + 1, h, bf16, T, C, nqkv, qkv, NULL, scratch);
+        if (qkv_bias && qkv_bias[l]) /* Qwen2's q/k/v biases: added to the stored product, as torch's y + b is */
+            for (int64_t i = 0; i < T * nqkv; i++)
+                store_y(qkv, bf16, i, load_x(qkv, bf16, i) + load_x(qkv_bias[l], bf16, i % nqkv));
         dl_rope_store(qkv, bf16, cos, sin, T, H, KVH, D, q, kc, vc, L, start);
         dl_attend(q, 0, kc, vc, T, H, KVH, D, L, start, scale, att, bf16, work);
         linear_any(p + 5, att, bf16, T, H * D, C, x, x, scratch);

@@ -154,7 +154,7 @@ def build(source: Path, any_layout: bool = False) -> ctypes.CDLL:
         raise RuntimeError(f"{source}: its int8 products take another weight layout than this engine/native.py "
                            f"makes (tiles of {Q8_NW} rows: native.c from the commit that added dl_q8_tiles on)")
     handle.dl_layers.argtypes = [ptr, flag, i64, i64, i64, i64, i64, i64, i64, i64, i64, f32, f32, ptr, ptr,
-                                 ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
+                                 ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr]
     for fn in (handle.dl_attend, handle.dl_q8_linear, handle.dl_q4_linear, handle.dl_rmsnorm,
                handle.dl_rope_store, handle.dl_silu_mul, handle.dl_layers):
         fn.restype = None
@@ -422,6 +422,10 @@ class Layers:
             linear(wdown)
             add(k)
             add(v)
+        biases = [layer[1].b for layer in layers]  # Qwen2's q/k/v biases (the other linears have none: fits)
+        keep += [b for b in biases if b is not None]
+        self._bias = (ctypes.c_void_p * len(biases))(*[None if b is None else b.data_ptr() for b in biases]) \
+            if any(b is not None for b in biases) else None
         self._keep = keep
         self._table = (ctypes.c_void_p * len(table))(*table)
         self.count = len(layers)
@@ -439,9 +443,15 @@ class Layers:
 
     @staticmethod
     def fits(layers, dtype: torch.dtype) -> bool:
-        """Can these layers run in one call? Native int8 or Q4_1 weights, no biases, norms in the model's dtype."""
+        """Can these layers run in one call? Native int8 or Q4_1 weights, norms in the model's dtype, and no
+        biases but the q/k/v ones (Qwen2's), contiguous in that dtype."""
+        def bias_ok(lin, allowed: bool) -> bool:
+            return lin.b is None or (allowed and lin.b.dtype == dtype and lin.b.is_contiguous()
+                                     and tuple(lin.b.shape) == (lin.w.shape[0],))
+
         return dtype in _DTYPES and all(
-            (lin.sf is not None or lin.n4) and lin.b is None for layer in layers for lin in (layer[1], layer[2], layer[4], layer[5])
+            (lin.sf is not None or lin.n4) and bias_ok(lin, i == 1)
+            for layer in layers for i, lin in ((1, layer[1]), (2, layer[2]), (4, layer[4]), (5, layer[5]))
         ) and all(layer[0].dtype == dtype and layer[3].dtype == dtype for layer in layers)
 
     def __call__(self, x: torch.Tensor, start: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -456,5 +466,6 @@ class Layers:
         lib().dl_layers(_ptr(x), _bf(x), t, start, self.count, self.hidden, self.heads, self.kv_heads, self.head_dim,
                         self.ffn, self.length, self.eps, self.scale, ctypes.cast(self._table, ctypes.c_void_p),
                         _ptr(cos), _ptr(sin), _ptr(self._h), _ptr(self._qkv), _ptr(self._q), _ptr(self._att),
-                        _ptr(self._gu), _ptr(self._act), _ptr(self._scratch), _ptr(self._work))
+                        _ptr(self._gu), _ptr(self._act), _ptr(self._scratch), _ptr(self._work),
+                        None if self._bias is None else ctypes.cast(self._bias, ctypes.c_void_p))
         return x

@@ -252,8 +252,46 @@ def test_all_layers_in_one_call_give_the_per_step_calls_bits(quant):
     for a, b in zip(outs[True][1], outs[False][1]):
         assert torch.equal(a, b)
     assert torch.equal(outs[True][2], outs[False][2])
-    lm.layers[0][1].b = torch.zeros(lm.layers[0][1].w.shape[0], dtype=torch.bfloat16)
-    assert not native.Layers.fits(lm.layers, torch.bfloat16)  # a bias: one call per step
+    lm.layers[0][2].b = torch.zeros(lm.layers[0][2].w.shape[0], dtype=torch.bfloat16)
+    assert not native.Layers.fits(lm.layers, torch.bfloat16)  # a bias on the output projection: one call per step
+
+
+@needs
+@pytest.mark.parametrize("quant", ["int8", "int4"])
+def test_qwen2s_qkv_biases_run_in_one_call_with_the_per_step_bits(quant):
+    """Qwen2 adds biases to q, k and v: dl_layers adds them to the stored product as torch's y + b does
+    (it used to leave such models to one native call per step, about twice the time a token)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(5)
+    cfg = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    model = Qwen2ForCausalLM(cfg).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:  # biases big enough to matter
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    lm = LeanLM(model, torch.device("cpu"), max_len=256, quant=quant)
+    assert lm.layers[0][1].b is not None and native.Layers.fits(lm.layers, torch.bfloat16)
+    prompt, follow = list(range(3, 33)), [40, 41, 42, 43, 44, 45, 46]
+    outs = {}
+    for fused in (True, False):
+        lm.fuse_layers, lm._fused = fused, None
+        lm.reset()
+        lm.forward(prompt, keep_logits=1)
+        rows = [lm.forward(follow[:1])]
+        for k in (2, 5, 7):
+            lm.truncate(len(prompt))
+            rows.append(lm.forward(follow[:k]))
+        outs[fused] = (rows, lm.kv[:, :, :, : len(prompt) + 7].clone())
+        if fused:
+            assert lm._fused  # one call for all the layers, biases and all
+    for a, b in zip(outs[True][0], outs[False][0]):
+        assert torch.equal(a, b)
+    assert torch.equal(outs[True][1], outs[False][1])
+    ref = LeanLM(model, torch.device("cpu"), max_len=256)  # and the biases are really there: close to dense
+    ref.forward(prompt, keep_logits=1)
+    assert (ref.forward(follow[:1]).argmax(-1) == outs[True][0][0].argmax(-1)).all()
 
 
 @needs
