@@ -17,9 +17,9 @@ class CoalescingWorker:
     a burst of saves costs one update per path. ``remove=True`` means the path must leave
     the index even if it still exists on disk; a later plain submit clears that.
 
-    A batch whose handler raises is tried again (whole) after ``backoff_s``, doubling, at most
-    ``retries`` times, then logged and dropped; a path submitted again meanwhile goes with its new
-    request instead.
+    A batch whose handler raises is tried again after ``backoff_s``, doubling, at most ``retries``
+    times, then logged and dropped; a path submitted again meanwhile goes with its new request instead.
+    A retry runs its paths one at a time, so one file that always fails is the only one dropped.
     """
 
     def __init__(self, handler: Callable[[dict[str, bool]], None], name: str = "draftline-indexer",
@@ -63,18 +63,21 @@ class CoalescingWorker:
             self._cond.notify_all()
         self._thread.join(timeout)
 
-    def _next_batch(self) -> dict[str, bool] | None:
-        """Wait for dirty paths or due retries and take them (under ``_cond``); None once stopped."""
+    def _next_batch(self) -> list[dict[str, bool]] | None:
+        """Wait for dirty paths or due retries and take them (under ``_cond``): the dirty paths as one
+        batch, each due retry as a batch of its own; None once stopped."""
         while not self._stop:
             wait = self._retry_at - time.monotonic() if self._retry else None
             due = wait is not None and wait <= 0
             if self._dirty or due:
-                batch: dict[str, bool] = {}
+                retries: dict[str, bool] = {}
                 if due:
-                    batch, self._retry = self._retry, {}
-                batch.update(self._dirty)
+                    retries, self._retry = self._retry, {}
+                batches = [{p: r} for p, r in retries.items() if p not in self._dirty]
+                if self._dirty:
+                    batches.append(self._dirty)
                 self._dirty = {}
-                return batch
+                return batches
             self._cond.wait(wait)
         return None
 
@@ -100,23 +103,29 @@ class CoalescingWorker:
     def _run(self) -> None:
         while True:
             with self._cond:
-                batch = self._next_batch()
-                if batch is None:
+                batches = self._next_batch()
+                if batches is None:
                     return
                 self._busy = True
-            failed = False
             try:
-                self._handler(batch)
-            except Exception:  # keep serving; the failure is logged with its traceback and retried
-                failed = True
-                self.errors += 1
-                log.exception("index update failed for %d path(s)", len(batch))
+                for batch in batches:
+                    self._run_one(batch)
             finally:
                 with self._cond:
-                    if failed:
-                        self._requeue(batch)
-                    else:
-                        for path in batch:
-                            self._attempts.pop(path, None)
                     self._busy = False
                     self._cond.notify_all()
+
+    def _run_one(self, batch: dict[str, bool]) -> None:
+        failed = False
+        try:
+            self._handler(batch)
+        except Exception:  # keep serving; the failure is logged with its traceback and retried
+            failed = True
+            self.errors += 1
+            log.exception("index update failed for %d path(s)", len(batch))
+        with self._cond:
+            if failed:
+                self._requeue(batch)
+            else:
+                for path in batch:
+                    self._attempts.pop(path, None)

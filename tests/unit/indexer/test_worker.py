@@ -107,3 +107,22 @@ def test_a_batch_writes_and_deletes_in_one_transaction(workspace, make_index, mo
     assert index.store.file_states()[str(a)].digest == index._digests[str(a)]
     assert [s.name for s in index.store.symbols() if s.path == str(a)] == ["alpha"]
     assert index.definitions("alpha") and not index.definitions("alpha_edited")
+
+
+def test_one_file_that_always_fails_is_the_only_one_dropped():
+    """A retry runs its paths one at a time: the files that failed only beside a bad one get in."""
+    done = []
+
+    def handler(batch):
+        if "bad" in batch:
+            raise RuntimeError("this file always fails")
+        done.extend(batch)
+
+    worker = CoalescingWorker(handler, retries=2, backoff_s=0.01)
+    try:
+        for path in ("good1", "bad", "good2"):
+            worker.submit(path)
+        assert worker.flush(timeout=10)
+        assert sorted(done) == ["good1", "good2"] and worker.dropped == 1
+    finally:
+        worker.close()
