@@ -105,7 +105,8 @@ class Draftline:
         self.cache = SuggestionCache()
         self.telemetry = Telemetry()
         self.slot = EngineSlot()
-        self._load_seq = 0  # bumped by each model switch: a load queued before the latest one is skipped
+        self._wanted_model: Any = None  # the model the latest switch asked for: other loads are skipped or dropped
+        self._pending_loads: list[Any] = []  # models whose load is queued or running (one each)
         self.monitor: Monitor | None = None  # the rollback rules of the ready engine (lsp_server.monitor)
         # a Retriever that is empty until the workspace index is open
         self.index = IndexHandle(shared.indexes if shared is not None else None)
@@ -142,16 +143,27 @@ class Draftline:
             self._cancel_jobs()  # the old model's generations: their answers would be dropped anyway
             self.slot = EngineSlot("loading")  # from now on requests answer empty until ready
             self.monitor = None  # the next engine gets its own
-            self._load_seq += 1
-            asyncio.ensure_future(self.load_engine(self.config, self._load_seq))
+            self._wanted_model = self.config.model
+            if self.config.model not in self._pending_loads:  # A -> B -> A while A loads: A's load still serves
+                self._pending_loads.append(self.config.model)
+                asyncio.ensure_future(self._load_pending(self.config))
 
-    async def load_engine(self, config: Config, seq: int | None = None) -> None:
-        """Load ``config.model`` and install it, unless another switch (a later ``seq``) came since: a
-        queued load that is no longer wanted does not run, one that ran is dropped, not installed."""
-        seq = self._load_seq if seq is None else seq
+    async def load_engine(self, config: Config) -> None:
+        """Load ``config.model`` and install it, unless a switch to another model came since: a queued
+        load that is no longer wanted does not run, one that ran is dropped, not installed."""
+        self._wanted_model = config.model
+        self._pending_loads.append(config.model)
+        await self._load_pending(config)
 
-        def wanted() -> bool:  # asked on the engine thread too (an int the loop sets: no lock needed)
-            return seq == self._load_seq
+    async def _load_pending(self, config: Config) -> None:
+        try:
+            await self._load(config)
+        finally:
+            self._pending_loads.remove(config.model)
+
+    async def _load(self, config: Config) -> None:
+        def wanted() -> bool:  # asked on the engine thread too (a reference the loop sets: no lock needed)
+            return config.model == self._wanted_model
 
         try:
             if self.shared is not None:  # the daemon loads each model once, for every session: asked for

@@ -120,3 +120,54 @@ def test_loads_superseded_before_they_start_never_run_and_only_the_latest_instal
         finish(app, shared)
     assert loads == ["A", "B"]  # A had started; B and C were no longer wanted when their turn came
     assert app.slot.state == "ready" and app.slot.completer.engine.text == "B"
+
+
+@pytest.mark.parametrize("daemon_session", [False, True], ids=["stdio", "daemon"])
+def test_switching_back_to_the_model_that_is_loading_keeps_its_load(monkeypatch, tmp_path, daemon_session):
+    loads: list[str] = []
+    gate = threading.Event()
+
+    def make(model):
+        loads.append(model.options["text"])
+        if len(loads) == 1:
+            gate.wait(10)  # A's load lasts until every switch below was made
+        return FakeEngine(text=model.options["text"])
+
+    app, shared = session(monkeypatch, tmp_path, make, daemon_session)
+
+    async def run():
+        app.configure(settings("A"))
+        await until(lambda: loads == ["A"])
+        app.configure(settings("B"))
+        app.configure(settings("A"))  # back to the model whose load is running
+        gate.set()
+        await until(lambda: app.slot.state == "ready")
+        await app.scheduler.call(lambda: None)
+        await asyncio.sleep(0)
+
+    try:
+        asyncio.run(run())
+    finally:
+        finish(app, shared)
+    assert loads == ["A"]  # A was neither dropped nor loaded again; B was never loaded
+    assert app.slot.state == "ready" and app.slot.completer.engine.text == "A"
+
+
+def test_switches_made_before_any_load_starts_load_the_last_model_once(monkeypatch, tmp_path):
+    loads: list[str] = []
+    app, shared = session(monkeypatch, tmp_path, lambda model: loads.append(model.options["text"])
+                          or FakeEngine(text=model.options["text"]), False)
+
+    async def run():
+        for text in "ABA":  # in one go: no load has started when the last switch is made
+            app.configure(settings(text))
+        await until(lambda: app.slot.state == "ready")
+        await app.scheduler.call(lambda: None)
+        await asyncio.sleep(0)
+
+    try:
+        asyncio.run(run())
+    finally:
+        finish(app, shared)
+    assert loads == ["A"]
+    assert app.slot.completer.engine.text == "A"
