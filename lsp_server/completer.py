@@ -124,7 +124,8 @@ class Completer:
         return Completion(text, request, result, chunks, _timings(started, retrieved, total, result.stats))
 
     def shape(self, text: str, request: CompletionRequest) -> str:
-        return postprocess.postprocess(text, request.prefix, request.suffix, request.mode, request.limits.max_lines)
+        return postprocess.postprocess(text, request.prefix, request.suffix, request.mode, request.limits.max_lines,
+                                       request.language)
 
     def _snippet_tokens(self) -> int:
         """The engine's snippet budget (tokens)."""

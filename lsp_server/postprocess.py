@@ -15,7 +15,34 @@ CLOSER_LINE_CHARS = set(")]};, \t")
 CLOSING_CHARS = set("\"'`:;,")
 QUOTES = set("\"'`")
 # A one-line string literal or a bracket: brackets inside strings do not count as open.
-_BRACKET_TOKENS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[()\[\]{}]')
+_STRINGS = r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
+_BRACKET_TOKENS = re.compile(_STRINGS + r"|[()\[\]{}]")
+# Comments (and Python's triple-quoted strings) by language: brackets in them do not count either. A
+# language not listed keeps strings only (``//`` is Python's floor division, ``#`` C's preprocessor).
+_HASH = r"#[^\n]*"
+_SLASH = r"//[^\n]*|/\*[\s\S]*?\*/"
+_DASH = r"--[^\n]*"
+_COMMENTS = {
+    **dict.fromkeys(("python",), r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|' + _HASH),
+    **dict.fromkeys(("ruby", "shellscript", "perl", "r", "toml", "yaml", "makefile", "dockerfile", "elixir",
+                     "julia", "nim", "powershell", "coffeescript"), _HASH),
+    # Rust: a quote is a char literal only around one character (``'a`` is a lifetime)
+    **dict.fromkeys(("rust",), _SLASH + r"""|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])'"""),
+    **dict.fromkeys(("c", "cpp", "cuda-cpp", "objective-c", "objective-cpp", "java", "javascript",
+                     "javascriptreact", "typescript", "typescriptreact", "go", "csharp", "kotlin",
+                     "swift", "scala", "dart", "zig", "groovy", "jsonc", "proto", "solidity", "css", "scss",
+                     "less"), _SLASH),
+    **dict.fromkeys(("php",), _SLASH + "|" + _HASH),
+    **dict.fromkeys(("lua", "sql", "haskell", "ada", "elm"), _DASH),
+}
+_TOKENS_BY_LANGUAGE = {
+    lang: re.compile(f"{comments}|{'' if lang == 'rust' else _STRINGS + '|'}[()\\[\\]{{}}]")
+    for lang, comments in _COMMENTS.items()
+}
+
+
+def _bracket_tokens(language: str) -> re.Pattern[str]:
+    return _TOKENS_BY_LANGUAGE.get(language.lower(), _BRACKET_TOKENS)
 
 
 def choose_mode(prefix: str, suffix: str, setting: str = "auto") -> Mode:
@@ -33,8 +60,8 @@ def choose_mode(prefix: str, suffix: str, setting: str = "auto") -> Mode:
     return "single-line"
 
 
-def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int = 0) -> str:
-    """All the rules in order; pure."""
+def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int = 0, language: str = "") -> str:
+    """All the rules in order; pure. ``language``: an LSP language id (which comments to skip)."""
     # A CRLF document: the rules split on "\n", so a kept "\r" would end the suggestion or hide a
     # closer from the bracket rules. Work on "\n"; the result gets the document's line ending
     # (the model's own where the windows hold no line break to tell).
@@ -50,7 +77,7 @@ def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int 
         if max_lines:
             text = "\n".join(text.split("\n")[:max_lines])
     text = drop_suffix_overlap(text, suffix, prefix)
-    text = balance_brackets(text, suffix, prefix)
+    text = balance_brackets(text, suffix, prefix, language)
     text = _trim_trailing_blank(text)
     return text.replace("\n", "\r\n") if crlf else text
 
@@ -139,7 +166,7 @@ def _first_code_line(text: str) -> str:
     return ""
 
 
-def balance_brackets(text: str, suffix: str, prefix: str = "") -> str:
+def balance_brackets(text: str, suffix: str, prefix: str = "", language: str = "") -> str:
     """Drop trailing closers of the completion that the suffix already supplies.
 
     Only the closers too many: the completion's trailing closers and the suffix's leading ones
@@ -152,21 +179,29 @@ def balance_brackets(text: str, suffix: str, prefix: str = "") -> str:
     ahead = "".join(c for c in _leading_closer_run(suffix) if c in CLOSERS)
     chars = "".join(c for _, c in trailing)
     # Scanned as one text: a string the prefix opens may be closed by the completion.
-    still_open = len(open_brackets(prefix + text[: trailing[0][0]]))
-    for j in range(min(len(chars), len(ahead), len(chars) + len(ahead) - still_open), 0, -1):
+    stack = open_brackets(prefix + text[: trailing[0][0]], language)
+    # The closers that close something: from the innermost opener out, while the kinds match (a
+    # function's `{` stays open after a line's `)`s).
+    needed = 0
+    for c in chars + ahead:
+        if needed == len(stack) or stack[-1 - needed] != CLOSERS[c]:
+            break
+        needed += 1
+    for j in range(min(len(chars), len(ahead), len(chars) + len(ahead) - needed), 0, -1):
         if chars[-j:] == ahead[:j]:
             return text[: trailing[-j][0]].rstrip(" \t")
     return text
 
 
-def open_brackets(code: str) -> list[str]:
-    """The openers left open at the end of ``code``; brackets in one-line string literals are skipped.
+def open_brackets(code: str, language: str = "") -> list[str]:
+    """The openers left open at the end of ``code``; brackets in one-line string literals are skipped,
+    and in the comments (and Python's triple-quoted strings) of a ``language`` listed in ``_COMMENTS``.
 
     A closer whose opener is deeper in the stack closes it and gives up the ones above it (a stray
     opener from a comment or a multi-line string); a closer with no opener is ignored (a window cut).
     """
     stack: list[str] = []
-    for m in _BRACKET_TOKENS.finditer(code):
+    for m in _bracket_tokens(language).finditer(code):
         c = m.group()
         if c in OPENERS:
             stack.append(c)

@@ -74,6 +74,32 @@ def test_brackets_in_strings_do_not_count(text, prefix, suffix, expected):
     assert postprocess(text, prefix, suffix, "single-line") == expected
 
 
+@pytest.mark.parametrize(
+    "language, prefix, text, suffix, expected",
+    [
+        # an opener in a comment is not left open: foo(bar( needs two closers, the suffix has one
+        ("python", "# see (below\nfoo(bar(", "x))", ")", "x)"),
+        ("python", '"""Docs (a [list\n"""\nfoo(bar(', "x))", ")", "x)"),
+        ("python", "'''(\n'''\nfoo(bar(", "x))", ")", "x)"),
+        ("go", "// see (below\nfoo(bar(", "x))", ")", "x)"),
+        ("typescript", "/* a (\n * [b\n */\nfoo(bar(", "x))", ")", "x)"),
+        ("rust", "fn f<'a>(x: &'a str) -> X {\n    g(h(", "x))", ")", "x)"),  # a lifetime opens no string
+        ("lua", "-- (\nf(g(", "x))", ")", "x)"),
+        # a comment marker in a string is no comment; Python's // is floor division, no comment
+        ("python", 's = "# ("\nfoo(bar(', "x))", ")", "x)"),
+        ("python", "y = a // (b + f(", "c))", ")", "c)"),
+        ("c", '#include "a.h"\nf(g(', "x))", ")", "x)"),
+        # the function's { stays open after the line: only the line's two ( count against the closers
+        ("javascript", "function f() {\n  g(h(", "x))", ")", "x)"),
+        ("javascript", "function f() {\n  g([h(", "x)])", "])", "x)"),
+        # a language without a listed comment syntax counts brackets as before: the comment's ( counts
+        ("", "# see (below\nfoo(bar(", "x))", ")", "x))"),
+    ],
+)
+def test_brackets_in_comments_do_not_count(language, prefix, text, suffix, expected):
+    assert postprocess(text, prefix, suffix, "single-line", language=language) == expected
+
+
 def test_a_quote_that_opens_a_string_is_kept():
     # before the completion's quote the line's strings are closed: it opens one, the suffix's does not close it
     assert postprocess('b"', 's = "a" + ', '"', "single-line") == 'b"'
