@@ -124,5 +124,9 @@ def completion_item(doc, snap: Snapshot, position: t.Position, text: str) -> t.C
     start = t.Position(line=position.line, character=position.character - doc.position_codec.client_num_units(word))
     label = (word + text).strip().split("\n", 1)[0][:80] or text.strip()[:80]
     edit = t.TextEdit(range=t.Range(start=start, end=position), new_text=word + text)
+    # clients run an item's command once they inserted it (VS Code, Neovim 0.11's vim.lsp.completion):
+    # acceptances count there as they do for inline items
+    command = t.Command(title="draftline accepted", command=ACCEPT_COMMAND,
+                        arguments=[{"uri": snap.uri, "chars": len(text)}])
     return t.CompletionItem(label=label, kind=t.CompletionItemKind.Text, text_edit=edit, filter_text=word + text,
-                            detail="draftline", sort_text="0")
+                            detail="draftline", sort_text="0", command=command)

@@ -83,6 +83,8 @@ else
     vim.api.nvim_feedkeys(vim.keycode("<C-n><C-y><Esc>"), "nt", false)
     wait_for(function() return vim.fn.mode() == "n" end, 5000, function()
       w("line2=" .. vim.api.nvim_buf_get_lines(0, 1, 2, false)[1])
+      vim.wait(10000, function() local s = require("draftline").status(0); return s and s.accepted > 0 end, 100)
+      w("server_accepted=" .. tostring(require("draftline").status(0).accepted))
       out:close()
       vim.cmd("qa!")
     end)

@@ -54,3 +54,4 @@ def test_nvim_011_completion_fallback(tmp_path):
     assert res["pum"] == "true" and res["label"] == "return a + b", res
     assert res["typed"] == "    return" and res["selected"] == "-1"  # nothing inserted or chosen unasked
     assert res["line2"] == "    return a + b"  # <C-n><C-y>: the whole line, not its first word
+    assert int(res["server_accepted"]) >= 1  # the item's command reached the server (accepted is counted)
