@@ -34,6 +34,7 @@ _COMMENTS = {
                      "less"), _SLASH),
     **dict.fromkeys(("php",), _SLASH + "|" + _HASH),
     **dict.fromkeys(("lua", "sql", "haskell", "ada", "elm"), _DASH),
+    **dict.fromkeys(("emacs-lisp", "lisp", "commonlisp", "scheme", "racket", "clojure", "fennel"), r";[^\n]*"),
 }
 _TOKENS_BY_LANGUAGE = {
     lang: re.compile(f"{comments}|{'' if lang == 'rust' else _STRINGS + '|'}[()\\[\\]{{}}]")
@@ -200,14 +201,33 @@ def open_brackets(code: str, language: str = "") -> list[str]:
     A closer whose opener is deeper in the stack closes it and gives up the ones above it (a stray
     opener from a comment or a multi-line string); a closer with no opener is ignored (a window cut).
     """
-    stack: list[str] = []
+    stack: list[tuple[str, int]] = []  # (opener, offset)
     for m in _bracket_tokens(language).finditer(code):
         c = m.group()
         if c in OPENERS:
-            stack.append(c)
-        elif c in CLOSERS and CLOSERS[c] in stack:
-            del stack[len(stack) - 1 - stack[::-1].index(CLOSERS[c]) :]
-    return stack
+            stack.append((c, m.start()))
+        elif c in CLOSERS:
+            for k in range(len(stack) - 1, -1, -1):
+                if stack[k][0] == CLOSERS[c]:
+                    del stack[k:]
+                    break
+    return [c for c, at in stack if not _stray(code, at)] if stack else []
+
+
+def _stray(code: str, at: int) -> bool:
+    """An opener that code after it shows was never open: a later line at its line's indentation or
+    less that does not start with a closer (a bracket in a comment or regex the rules above did not
+    see, a macro's ``(``). A bracket really open has its later lines indented under it."""
+    line_start = code.rfind("\n", 0, at) + 1
+    indent = indent_of(code[line_start:at])
+    end = code.find("\n", at)
+    while end != -1:
+        start, end = end + 1, code.find("\n", end + 1)
+        line = code[start:] if end == -1 else code[start:end]
+        body = line.lstrip(" \t")
+        if body and body[0] not in CLOSERS and len(line) - len(body) <= indent:
+            return True
+    return False
 
 
 def _trailing_unmatched_closers(text: str) -> list[tuple[int, str]]:

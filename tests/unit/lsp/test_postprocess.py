@@ -92,8 +92,18 @@ def test_brackets_in_strings_do_not_count(text, prefix, suffix, expected):
         # the function's { stays open after the line: only the line's two ( count against the closers
         ("javascript", "function f() {\n  g(h(", "x))", ")", "x)"),
         ("javascript", "function f() {\n  g([h(", "x)])", "])", "x)"),
-        # a language without a listed comment syntax counts brackets as before: the comment's ( counts
-        ("", "# see (below\nfoo(bar(", "x))", ")", "x))"),
+        # a language without a listed comment syntax: the comment's ( counts where the lines after it are
+        # indented under it (it may be open), not where code at its indent follows (it cannot be)
+        ("", "# see (below\n    foo(bar(", "x))", ")", "x))"),
+        ("python", "# see (below\n    foo(bar(", "x))", ")", "x)"),
+        ("", "# see (below\nfoo(bar(", "x))", ")", "x)"),
+        ("javascript", "s = t.replace(/\\(/g, '');\nconst x = foo(", "a)", ");", "a"),  # a regex literal's (
+        ("c", "#define OPEN (\nint x = foo(", "a)", ");", "a"),  # a macro's (
+        # a bracket really open: its lines are indented under it (or the line starts with a closer)
+        ("python", "foo(\n    bar(", "x)", ")", "x)"),  # both open: the suffix's ) closes bar, x) foo
+        ("python", "x = {\n    'a': f(1),\n    'b': g(", "2)", ")}", "2"),
+        ("python", "x = f(\n    a,\n)\ny = g(h(", "1))", ")", "1)"),
+        ("emacs-lisp", ";; Commentary (see README\n(defun f ()\n  (foo (bar ", "a)", "))", "a)"),
     ],
 )
 def test_brackets_in_comments_do_not_count(language, prefix, text, suffix, expected):
