@@ -172,10 +172,39 @@ _WORKSPACE_DENIED_INDEX_OPTIONS = {
 }
 
 
+# The tables of a workspace layer (by key, what each holds; "each": a table of tables); config is read in
+# full by _build, so only the nesting is needed here.
+_ROUTE_SHAPE: Mapping[str, Any] = {"options": {}}
+_WORKSPACE_SHAPE: Mapping[str, Any] = {
+    "model": {"options": {}, "routes": "each"},
+    "completion": {},
+    "index": {"options": {}},
+    "monitor": {},
+}
+
+
 def _workspace_layer(layer: dict[str, Any], root: Path) -> dict[str, Any]:
     """A workspace file's layer without the keys a cloned repository may not choose (above); each one
     dropped is logged. The user config and the editor's settings keep every key."""
     dropped: list[str] = []
+    malformed: list[str] = []
+
+    def tables(table: dict[str, Any], where: str, shape: Mapping[str, Any]) -> dict[str, Any]:
+        """``table`` without the values that should be tables and are not: merged over the user's, such
+        a value would replace the user's whole table (index.options = "x" took their secret patterns)."""
+        kept = {}
+        for key, value in table.items():
+            if key not in shape:
+                kept[key] = value
+            elif not isinstance(value, dict):
+                malformed.append(f"{where}{key}")
+            elif shape[key] == "each":  # a table of tables: model.routes
+                kept[key] = tables(value, f"{where}{key}.", dict.fromkeys(value, _ROUTE_SHAPE))
+            else:
+                kept[key] = tables(value, f"{where}{key}.", shape[key])
+        return kept
+
+    layer = tables(layer, "", _WORKSPACE_SHAPE)
 
     def strip(table: Any, where: str, denied: Mapping[str, Any]) -> Any:
         if not isinstance(table, dict):
@@ -201,6 +230,8 @@ def _workspace_layer(layer: dict[str, Any], root: Path) -> dict[str, Any]:
             model["routes"] = {name: strip_model(route, f"model.routes.{name}") for name, route in routes.items()}
     if isinstance(index := layer.get("index"), dict) and "options" in index:
         out["index"] = {**index, "options": strip(index["options"], "index.options", _WORKSPACE_DENIED_INDEX_OPTIONS)}
+    for key in malformed:
+        log.warning("%s: ignoring %s: not a table", root / WORKSPACE_FILE, key)
     for key in dropped:
         log.warning("%s: ignoring %s (a workspace file may not set it; set it in the user config or the "
                     "editor's settings)", root / WORKSPACE_FILE, key)

@@ -96,3 +96,23 @@ def test_the_users_trust_does_not_extend_to_a_model_the_workspace_chose(tmp_path
     # so does a workspace file that only adds a route naming no model of its own
     ws.joinpath(".draftline.toml").write_text("[model.routes.line]\ntime_limit_ms = 100\n")
     assert resolve_config(user_file=user, workspace_roots=[ws]).model.options["trust_remote_code"] is True
+
+
+def test_a_workspace_value_that_should_be_a_table_cannot_replace_the_users_table(tmp_path: Path, caplog):
+    user = tmp_path / "user.toml"
+    user.write_text('[index.options]\nsecret_name_patterns = ["*.mine"]\ncache_dir = "/home/me/idx"\n'
+                    '[model]\ntarget = "my/model"\n[model.options]\ndtype = "float32"\n'
+                    '[model.routes.line]\ntarget = "my/small"\n[model.routes.line.options]\ndtype = "float32"\n')
+    hostile = ('[index]\noptions = "x"\n[model]\noptions = 1\n[model.routes]\nline = "x"\n'
+               '[model.routes.block]\noptions = []\n')
+    with caplog.at_level(logging.WARNING, logger="lsp_server.config"):
+        cfg = resolve_config(user_file=user, workspace_roots=[workspace(tmp_path, hostile)])
+    assert cfg.index.options == {"secret_name_patterns": ["*.mine"], "cache_dir": "/home/me/idx"}
+    assert cfg.model.options == {"dtype": "float32"}
+    assert cfg.model.routes == {"line": {"target": "my/small", "options": {"dtype": "float32"}}, "block": {}}
+    for key in ("index.options", "model.options", "model.routes.line", "model.routes.block.options"):
+        assert f"ignoring {key}: not a table" in caplog.text
+    # and a whole section given as a value
+    (tmp_path / "b").mkdir()
+    cfg = resolve_config(user_file=user, workspace_roots=[workspace(tmp_path / "b", 'index = "x"\nmodel = 3\n')])
+    assert cfg.index.options["cache_dir"] == "/home/me/idx" and cfg.model.target == "my/model"
