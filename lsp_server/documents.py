@@ -84,7 +84,9 @@ def prefix_window(before: str, budget: int, quantum: int) -> str:
         rounded = -(-start // quantum) * quantum
         start = rounded if rounded < len(before) else start  # a budget under one quantum: no rounding past the cursor
     newline = before.find("\n", start)
-    return before[newline + 1 :] if newline != -1 else before[start:]
+    # from the next line, unless none starts before the cursor (a very long line above the cursor's
+    # first column would leave nothing): then mid-line
+    return before[newline + 1 :] if -1 < newline < len(before) - 1 else before[start:]
 
 
 def suffix_window(after: str, budget: int) -> str:

@@ -49,6 +49,13 @@ def test_prefix_window_starts_at_a_line_and_stays_put_while_typing():
     assert suffix_window("a\nb\nc\n", 3) == "a\n"
 
 
+@pytest.mark.parametrize("budget, quantum", [(6000, 512), (100, 512), (100, 0)])
+def test_prefix_window_after_a_line_longer_than_the_budget_is_not_empty(budget, quantum):
+    before = "x = '" + "a" * 7000 + "'\n"  # the cursor at the start of the next line
+    window = prefix_window(before, budget, quantum)
+    assert window and before.endswith(window) and len(window) <= budget
+
+
 def test_retrieval_leaves_out_the_local_window_only_and_feeds_snippets():
     class Retriever(RecordingRetriever):
         def search(self, query, k, exclude=None):
