@@ -12,7 +12,7 @@ from typing import Any
 from engine.types import CompletionStats
 from lsp_server.completer import Completer, Completion, Retriever, build_request, context_for
 from lsp_server.config import WORKSPACE_FILE, Config, resolve_config
-from lsp_server.documents import Snapshot, display_path
+from lsp_server.documents import Snapshot, display_path, language_id, lsp_lines
 from lsp_server.engines import make_engine
 from lsp_server.index_handle import open_index
 
@@ -51,10 +51,10 @@ def complete_file(path: Path, line: int, col: int, config: Config, retriever: Re
     ``workspace``: the workspace folder (paths and the repository name are shown relative to it);
     without it, the retriever's roots."""
     text = path.read_text(encoding="utf-8", errors="replace")
-    lines = text.splitlines(keepends=True)
+    lines = lsp_lines(text)  # lines as an editor counts them (a form feed ends none)
     offset = sum(len(s) for s in lines[:line]) + min(col, len(lines[line].rstrip("\r\n")) if line < len(lines) else 0)
     roots = [workspace.resolve()] if workspace is not None else [Path(r) for r in getattr(retriever, "roots", ())]
-    snap = Snapshot(uri=path.resolve().as_uri(), version=0, language=path.suffix.lstrip("."),
+    snap = Snapshot(uri=path.resolve().as_uri(), version=0, language=language_id(path),
                     path=display_path(str(path.resolve()), roots), before=text[:offset], after=text[offset:])
     started = time.perf_counter()
     engine = make_engine(config.model)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -9,11 +10,71 @@ from pathlib import Path
 from lsprotocol import types as t
 from lsprotocol.types import Position
 from pygls.uris import to_fs_path
-from pygls.workspace import TextDocument
+from pygls.workspace import TextDocument, Workspace
 
 
 ACCEPT_COMMAND = "draftline.didAcceptCompletionItem"  # run by the client after an accept
 WORD_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
+
+
+# LSP ends a line only at \n, \r\n or \r; str.splitlines, which pygls' TextDocument.lines uses, also at
+# these (a form feed is Emacs' page break ^L): every position after one was a line off, and an
+# incremental edit landed in the wrong place.
+_OTHER_BREAKS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_LSP_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def lsp_lines(source: str) -> list[str]:
+    """``source``'s lines as LSP counts them, each with its line break."""
+    if _OTHER_BREAKS.search(source) is None:
+        return source.splitlines(True)  # the same lines, and faster
+    return _LSP_LINE.findall(source)
+
+
+# LSP language ids of common file extensions (for text read from disk: the CLI, the benches); an
+# editor sends its own id
+_LANGUAGE_IDS = {
+    "py": "python", "pyi": "python", "js": "javascript", "mjs": "javascript", "cjs": "javascript",
+    "jsx": "javascriptreact", "ts": "typescript", "mts": "typescript", "tsx": "typescriptreact",
+    "rs": "rust", "go": "go", "c": "c", "h": "c", "cc": "cpp", "cpp": "cpp", "cxx": "cpp", "hpp": "cpp",
+    "hh": "cpp", "cu": "cuda-cpp", "m": "objective-c", "mm": "objective-cpp", "java": "java", "kt": "kotlin",
+    "kts": "kotlin", "swift": "swift", "scala": "scala", "cs": "csharp", "dart": "dart", "zig": "zig",
+    "php": "php", "rb": "ruby", "sh": "shellscript", "bash": "shellscript", "zsh": "shellscript",
+    "pl": "perl", "r": "r", "lua": "lua", "sql": "sql", "hs": "haskell", "el": "emacs-lisp",
+    "lisp": "lisp", "scm": "scheme", "rkt": "racket", "clj": "clojure", "ex": "elixir", "exs": "elixir",
+    "jl": "julia", "nim": "nim", "toml": "toml", "yaml": "yaml", "yml": "yaml", "css": "css", "scss": "scss",
+    "less": "less", "proto": "proto", "sol": "solidity", "groovy": "groovy", "ps1": "powershell",
+}
+
+
+def language_id(path: str | Path) -> str:
+    """The LSP language id of a file by its name ("" where unknown, as an editor without one sends)."""
+    p = Path(path)
+    if p.name in ("Makefile", "makefile", "GNUmakefile"):
+        return "makefile"
+    if p.name == "Dockerfile":
+        return "dockerfile"
+    return _LANGUAGE_IDS.get(p.suffix.lstrip(".").lower(), "")
+
+
+class LspTextDocument(TextDocument):
+    """pygls' document with LSP's lines (positions, edits and snapshots all go through ``lines``)."""
+
+    @property
+    def lines(self) -> Sequence[str]:
+        return tuple(lsp_lines(self.source))
+
+
+class LspWorkspace(Workspace):
+    def _create_text_document(self, doc_uri, source=None, version=None, language_id=None) -> TextDocument:
+        return LspTextDocument(doc_uri, source=source, version=version, language_id=language_id,
+                               sync_kind=self._sync_kind, position_codec=self._position_codec)
+
+
+def use_lsp_lines(workspace: Workspace) -> None:
+    """Make ``workspace`` (the one pygls creates on initialize) create LspTextDocuments."""
+    if type(workspace) is Workspace:
+        workspace.__class__ = LspWorkspace  # adds no state: only how documents are created
 
 
 @dataclass(frozen=True)

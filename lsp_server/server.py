@@ -29,7 +29,8 @@ from lsp_server.engines import make_engine
 from lsp_server.index_handle import IndexHandle
 from lsp_server.suggestions import SuggestionCache
 from lsp_server.config import WORKSPACE_FILE, Config, IndexSettings, resolve_config
-from lsp_server.documents import ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, with_selection
+from lsp_server.documents import (ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, use_lsp_lines,
+                                  with_selection)
 from lsp_server import metrics
 from lsp_server.monitor import Monitor, monitor_for
 from lsp_server.scheduler import Scheduler, Telemetry, rss_mb
@@ -583,6 +584,7 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
 
     @ls.feature(t.INITIALIZE)
     def initialize(params: t.InitializeParams) -> None:
+        use_lsp_lines(ls.workspace)  # created just before; no document is open yet
         app.set_roots(params)
         app.init_options = params.initialization_options
         app.configure()

@@ -245,7 +245,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
     from lsp_server.engines import make_engine
     from lsp_server.index_handle import IndexHandle
     from lsp_server.config import resolve_config
-    from lsp_server.documents import Snapshot, display_path
+    from lsp_server.documents import Snapshot, display_path, language_id
 
     root = args.workspace.resolve()
     cli: dict[str, Any] = {"model": {"target": args.target} if args.target else {}}
@@ -284,7 +284,7 @@ def _run(args: argparse.Namespace) -> dict[str, Any]:
         repos: set[str] = set()
         for task in tasks:
             text = Path(task.path).read_text(encoding="utf-8")
-            snap = Snapshot(uri=Path(task.path).as_uri(), version=0, language=Path(task.path).suffix.lstrip("."),
+            snap = Snapshot(uri=Path(task.path).as_uri(), version=0, language=language_id(task.path),
                             path=display_path(task.path, [root]), before=text[: task.offset], after=text[task.line_end:])
             request = build(snap)
             repos.add(request.repo)
@@ -374,7 +374,7 @@ def _new_lines(args: argparse.Namespace) -> dict[str, Any]:
     from lsp_server.completer import Completer, build_request, context_for
     from lsp_server.config import resolve_config
     from lsp_server.context import ContextFinder
-    from lsp_server.documents import Snapshot, display_path
+    from lsp_server.documents import Snapshot, display_path, language_id
     from lsp_server.engines import make_engine
     from lsp_server.index_handle import IndexHandle
 
@@ -413,7 +413,7 @@ def _new_lines(args: argparse.Namespace) -> dict[str, Any]:
                 continue
             indent = len(lines[at]) - len(lines[at].lstrip())
             offset = sum(len(x) + 1 for x in lines[:at]) + indent
-            snap = Snapshot(uri=path.as_uri(), version=at, language="py", path=display_path(str(path), [root]),
+            snap = Snapshot(uri=path.as_uri(), version=at, language=language_id(path), path=display_path(str(path), [root]),
                             before=text[:offset], after="\n" + "\n".join(lines[at + 1 :]))
             request = build_request(snap, cfg, [root])
             ctx = context_for(snap, request, cfg)

@@ -7,7 +7,8 @@ from lsprotocol import types as t
 from pygls.exceptions import JsonRpcException
 from pytest_lsp import LanguageClient
 
-from tests.e2e.lsp_harness import URI, send_raw, end_of, fake_text, initialize, inline_params, items, open_doc, options, status, wait_for
+from tests.e2e.lsp_harness import (URI, end_of, fake_text, initialize, inline_params, insert, items, open_doc, options, send_raw,
+                                    status, wait_for)
 
 DOC = "def add(a, b):\n    return a"
 
@@ -111,3 +112,14 @@ async def test_a_secret_in_the_open_buffer_never_reaches_the_model(client: Langu
     seen = doc.replace("AKIACANARY0123456789", "<redacted>")
     assert [i.insert_text for i in found] == [fake_text(seen)]
     assert "CANARY" not in found[0].insert_text and found[0].range == t.Range(start=pos, end=pos)
+
+
+async def test_a_form_feed_ends_no_line(client: LanguageClient):
+    """LSP ends lines at \\n, \\r\\n, \\r only: an edit after a form feed (Emacs' page break) lands where the
+    client put it, and the answer is for that text (Python's splitlines made the form feed a line)."""
+    await initialize(client)
+    text = "x = 1\n\x0c\ndef f():\n    return a"
+    open_doc(client, text)
+    insert(client, t.Position(line=3, character=12), "b", version=2)  # after "return a"
+    found = items(await client.text_document_inline_completion_async(inline_params(t.Position(line=3, character=13))))
+    assert [i.insert_text for i in found] == [fake_text(text + "b")]

@@ -67,3 +67,36 @@ def test_windows_at_their_edges():
     assert prefix_window(text, budget=40, quantum=128) != ""  # a budget under one quantum still has a window
     assert text.endswith(prefix_window(text, budget=40, quantum=128))
     assert suffix_window("\n" + "x" * 50, 10) == "\n"  # a suffix opening with a newline: cut at it
+
+
+def test_lines_end_only_where_lsp_ends_them():
+    from lsp_server.documents import LspTextDocument, lsp_lines
+
+    assert lsp_lines("a\x0cb\nc\x85d\u2028e") == ["a\x0cb\n", "c\x85d\u2028e"]
+    assert lsp_lines("a\rb\r\nc\n") == ["a\r", "b\r\n", "c\n"] == "a\rb\r\nc\n".splitlines(True)
+    assert lsp_lines("") == [] and lsp_lines("\n\x0c") == ["\n", "\x0c"]
+    text = ";;; a.el\n\x0c\n(defun f ()\n  (foo))\n"
+    snap = snapshot(LspTextDocument(URI, text), 3, 2, ())
+    assert snap is not None and snap.after == "(foo))\n"
+
+
+def test_the_servers_workspace_applies_edits_after_a_form_feed_where_the_client_made_them():
+    from lsprotocol import types as t
+    from pygls.workspace import Workspace
+
+    from lsp_server.documents import use_lsp_lines
+
+    workspace = Workspace(None)
+    use_lsp_lines(workspace)
+    workspace.put_text_document(t.TextDocumentItem(uri=URI, language_id="emacs-lisp", version=1,
+                                                   text=";;; a.el\n\x0c\n(defun f ()\n  (foo))\n"))
+    change = t.TextDocumentContentChangePartial(range=t.Range(start=t.Position(3, 2), end=t.Position(3, 2)), text="X")
+    workspace.update_text_document(t.VersionedTextDocumentIdentifier(uri=URI, version=2), change)
+    assert workspace.get_text_document(URI).source == ";;; a.el\n\x0c\n(defun f ()\n  X(foo))\n"
+
+
+def test_language_ids_of_files_read_from_disk():
+    from lsp_server.documents import language_id
+
+    assert [language_id(p) for p in ("a.py", "b/c.TSX", "x.rs", "Makefile", "init.el", "README")] == [
+        "python", "typescriptreact", "rust", "makefile", "emacs-lisp", ""]
