@@ -3,6 +3,8 @@ local out = io.open(os.getenv("OUT"), "w")
 local function w(s) out:write(s .. "\n"); out:flush() end
 vim.opt.rtp:prepend(os.getenv("REPO") .. "/editors/nvim")
 vim.cmd("filetype on")
+-- the user's own global 'completeopt' (their init.lua): the 0.11 fallback must keep these flags
+vim.o.completeopt = "menu,menuone,noinsert,popup"
 -- the fake engine appends its text to whatever is typed: 0.11 types "return" before completing
 local fake_text = vim.lsp.inline_completion and "return a + b" or " a + b"
 require("draftline").setup({
@@ -65,6 +67,8 @@ if vim.lsp.inline_completion then
 else
   w("mode_inline=false")
   w("completeopt=" .. vim.bo.completeopt)
+  w("completeopt_effective=" .. vim.api.nvim_get_option_value("completeopt", {}))
+  w("completeopt_global=" .. vim.go.completeopt)
   -- typed as a person would: each key's InsertCharPre is what autotrigger listens to
   vim.api.nvim_feedkeys("Areturn", "nt", false)
   local function draftline_item()

@@ -50,6 +50,11 @@ def test_nvim_011_completion_fallback(tmp_path):
     assert res["ready"] == "true" and res["mode_inline"] == "false"
     assert "draftline" not in res["tab_elsewhere"]
     assert {"menuone", "noselect"} <= set(res["completeopt"].split(","))
+    # the user's global 'completeopt' ("menu,menuone,noinsert,popup", set before the plugin attached) survives
+    # in the buffer's local value: only the missing flags are added, the user's are kept
+    assert {"menu", "menuone", "noinsert", "popup", "noselect"} <= set(res["completeopt"].split(",")), res
+    assert res["completeopt_effective"] == res["completeopt"], res
+    assert res["completeopt_global"] == "menu,menuone,noinsert,popup", res  # other buffers are left alone
     # typing "return" popped up the menu by itself (autotrigger on the client-side trigger characters)
     assert res["pum"] == "true" and res["label"] == "return a + b", res
     assert res["typed"] == "    return" and res["selected"] == "-1"  # nothing inserted or chosen unasked

@@ -57,6 +57,12 @@ function sameType(value: unknown, fallback: unknown): boolean {
 /** The shortest status poll interval: package.json's `minimum` only warns in the settings editor. */
 export const MIN_POLL_MS = 250;
 
+/**
+ * The longest: setInterval's largest delay (2^31-1 ms, ~24.8 days). Node runs a larger delay as 1 ms,
+ * so a huge setting would poll draftline/status every millisecond. package.json's `maximum` only warns.
+ */
+export const MAX_POLL_MS = 2 ** 31 - 1;
+
 /** Read every setting through `get` (e.g. `workspace.getConfiguration('draftline').get`); ill-typed -> default. */
 export function readSettings(get: (key: string) => unknown): Settings {
   const out: Json = {};
@@ -68,7 +74,9 @@ export function readSettings(get: (key: string) => unknown): Settings {
     else out[key] = sameType(value, fallback) ? value : fallback;
   }
   const pollMs = out['status.pollMs'] as number;
-  out['status.pollMs'] = Number.isFinite(pollMs) ? Math.max(MIN_POLL_MS, pollMs) : DEFAULTS['status.pollMs'];
+  out['status.pollMs'] = Number.isFinite(pollMs)
+    ? Math.min(MAX_POLL_MS, Math.max(MIN_POLL_MS, pollMs))
+    : DEFAULTS['status.pollMs'];
   return out as Settings;
 }
 

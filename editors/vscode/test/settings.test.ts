@@ -6,6 +6,8 @@ import * as path from 'node:path';
 import { describe, test } from 'node:test';
 import {
   DEFAULTS,
+  MAX_POLL_MS,
+  MIN_POLL_MS,
   SETTING_KEYS,
   Settings,
   clientConfig,
@@ -31,6 +33,12 @@ describe('package.json', () => {
     const props = packageJson.contributes.configuration.properties as Record<string, { default: unknown }>;
     assert.deepEqual(Object.keys(props).sort(), SETTING_KEYS.map((k) => `draftline.${k}`).sort());
     for (const key of SETTING_KEYS) assert.deepEqual(props[`draftline.${key}`].default, DEFAULTS[key], key);
+  });
+
+  test("status.pollMs's schema bounds are the ones readSettings clamps to", () => {
+    const poll = packageJson.contributes.configuration.properties['draftline.status.pollMs'];
+    assert.equal(poll.minimum, MIN_POLL_MS);
+    assert.equal(poll.maximum, MAX_POLL_MS);
   });
 
   test('contributes the toggle, status and restart commands', () => {
@@ -124,6 +132,22 @@ describe('toServerOptions', () => {
     assert.equal(settings({ 'status.pollMs': -5 })['status.pollMs'], 250);
     assert.equal(settings({ 'status.pollMs': 250 })['status.pollMs'], 250);
     assert.equal(settings({ 'status.pollMs': 5000 })['status.pollMs'], 5000);
+  });
+
+  test("status.pollMs is clamped to 2^31-1 ms (setInterval's largest delay: a larger one runs every 1 ms)", async () => {
+    const max = 2 ** 31 - 1;
+    assert.equal(MAX_POLL_MS, max);
+    assert.equal(settings({ 'status.pollMs': 3_000_000_000 })['status.pollMs'], max);
+    assert.equal(settings({ 'status.pollMs': 2 ** 31 })['status.pollMs'], max);
+    assert.equal(settings({ 'status.pollMs': Number.MAX_SAFE_INTEGER })['status.pollMs'], max);
+    assert.equal(settings({ 'status.pollMs': max })['status.pollMs'], max);
+    assert.equal(settings({ 'status.pollMs': Infinity })['status.pollMs'], 2000);
+    // what the status bar does with it (extension.ts): a huge setting must not poll in a tight loop
+    let polls = 0;
+    const timer = setInterval(() => polls++, settings({ 'status.pollMs': 3_000_000_000 })['status.pollMs']);
+    await new Promise((resolve) => setTimeout(resolve, 50));
+    clearInterval(timer);
+    assert.equal(polls, 0);
   });
 
   test('the server resolves the mapped options to exactly these values, with no unknown keys', (t) => {

@@ -57,8 +57,12 @@ function M.enable_fallback(client, bufnr, opts)
   end
   provider.triggerCharacters = chars
   -- the menu shows one item only with menuone; without noselect that item is inserted as soon as it
-  -- arrives, in the middle of typing, and <CR> would take it
-  local cot = vim.split(vim.api.nvim_get_option_value("completeopt", { buf = bufnr }), ",", { trimempty = true })
+  -- arrives, in the middle of typing, and <CR> would take it. 'completeopt' is global-local: a buffer
+  -- without a local value reads "" with { buf = }, so start from the global value (the user's flags,
+  -- e.g. noinsert, popup, fuzzy) unless the buffer already has its own.
+  local cot = vim.api.nvim_get_option_value("completeopt", { buf = bufnr })
+  if cot == "" then cot = vim.go.completeopt end
+  cot = vim.split(cot, ",", { trimempty = true })
   for _, flag in ipairs({ "menuone", "noselect" }) do
     if not vim.tbl_contains(cot, flag) then table.insert(cot, flag) end
   end
