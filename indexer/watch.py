@@ -47,7 +47,7 @@ class Watcher:
         self.ignore_prefixes = tuple(os.path.abspath(d).rstrip(os.sep) + os.sep for d in ignore_dirs)
         self.debounce_s = debounce_s
         self.max_delay_s = max_delay_s
-        # path -> "touch" | "remove" | "touch_dir" | "remove+touch_dir" (see _note)
+        # path -> "touch" | "remove" | "touch_dir" | "remove+touch" | "remove+touch_dir" (see _note)
         self._pending: dict[str, str] = {}
         self._first_at = 0.0
         self._last_at = 0.0
@@ -92,10 +92,12 @@ class Watcher:
         with self._cond:
             if not self._pending:
                 self._first_at = now
-            if action == "touch_dir" and self._pending.get(path, "").startswith("remove"):
-                # a directory moved away and another moved in (or made) in its place: the walk only
-                # touches what the new one holds, so the old one's files must be removed first
-                action = "remove+touch_dir"
+            if action in ("touch", "touch_dir") and self._pending.get(path, "").startswith("remove"):
+                # something moved away (or deleted) and another thing moved in (or made) in its place
+                # within one debounce: a directory's walk only touches what the new one holds and a
+                # file's touch only indexes that file, so whatever was there before (a directory's
+                # files above all) must be removed first
+                action = "remove+" + action
             self._pending[path] = action
             self._last_at = now
             self._cond.notify_all()
@@ -145,7 +147,7 @@ class Watcher:
                             full = os.path.join(dirpath, name)
                             if not self.is_ignored(full):
                                 self.sink.touch(full)
-                elif action == "touch" and not self.is_ignored(path):
+                elif action.endswith("touch") and not self.is_ignored(path):
                     self.sink.touch(path)
             except Exception:  # a bad event must not kill the watcher thread
                 log.exception("watch event for %s failed", path)

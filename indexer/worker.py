@@ -26,8 +26,8 @@ class CoalescingWorker:
                  retries: int = 3, backoff_s: float = 0.5):
         self._handler = handler
         self._dirty: dict[str, bool] = {}
-        self._retry: dict[str, bool] = {}  # failed paths waiting for _retry_at
-        self._retry_at = 0.0
+        # failed path -> (remove, monotonic time its retry is due): each path waits out its own backoff
+        self._retry: dict[str, tuple[bool, float]] = {}
         self._attempts: dict[str, int] = {}  # path -> failed tries of the request it carries now
         self.retries = retries
         self.backoff_s = backoff_s
@@ -67,23 +67,22 @@ class CoalescingWorker:
         """Wait for dirty paths or due retries and take them (under ``_cond``): the dirty paths as one
         batch, each due retry as a batch of its own; None once stopped."""
         while not self._stop:
-            wait = self._retry_at - time.monotonic() if self._retry else None
-            due = wait is not None and wait <= 0
+            now = time.monotonic()
+            due = [p for p, (_, at) in self._retry.items() if at <= now]
             if self._dirty or due:
-                retries: dict[str, bool] = {}
-                if due:
-                    retries, self._retry = self._retry, {}
-                batches = [{p: r} for p, r in retries.items() if p not in self._dirty]
+                batches = [{p: self._retry.pop(p)[0]} for p in due]
                 if self._dirty:
                     batches.append(self._dirty)
                 self._dirty = {}
                 return batches
+            # nothing to do yet: sleep until the earliest retry falls due (or a submit/stop wakes us)
+            wait = min(at for _, at in self._retry.values()) - now if self._retry else None
             self._cond.wait(wait)
         return None
 
     def _requeue(self, batch: dict[str, bool]) -> None:
-        """Queue a failed batch's paths for a retry (under ``_cond``)."""
-        waiting, tries = bool(self._retry), 0
+        """Queue a failed batch's paths for a retry (under ``_cond``), each after its own backoff."""
+        now = time.monotonic()
         for path, remove in batch.items():
             if path in self._dirty:  # submitted again while it ran: that request goes next anyway
                 continue
@@ -94,11 +93,7 @@ class CoalescingWorker:
                 log.error("giving up on index update of %s after %d tries", path, n)
                 continue
             self._attempts[path] = n
-            self._retry[path] = remove
-            tries = max(tries, n)
-        if tries:
-            at = time.monotonic() + self.backoff_s * 2 ** (tries - 1)
-            self._retry_at = min(self._retry_at, at) if waiting else at
+            self._retry[path] = (remove, now + self.backoff_s * 2 ** (n - 1))
 
     def _run(self) -> None:
         while True:

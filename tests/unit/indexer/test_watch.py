@@ -63,3 +63,29 @@ def test_directory_replaced_within_one_debounce_is_removed_then_walked(workspace
     assert index.flush(timeout=30)
     assert not index.definitions("old_function") and index.definitions("new_function")
     assert index.stats().files == 1
+
+
+def test_directory_replaced_by_a_file_within_one_debounce_is_removed_then_touched(workspace, tmp_path, make_index):
+    """mv ws/pkg /outside; mv ws/new.tmp ws/pkg: the pending remove of the directory must survive the
+    file's touch, or the old directory's files stay indexed (and searchable) for good."""
+    write(workspace, "pkg/old.py", "def old_function():\n    pass\n")
+    index = make_index(workspace)
+    index.build()
+    (workspace / "pkg").rename(tmp_path / "moved_out")
+    write(workspace, "pkg", "def new_function():\n    pass\n")
+    pkg = str(workspace / "pkg")
+    recorder = _Recorder()
+    # the watcher is not started: its events are fed and its settled batch dispatched by hand
+    watcher = Watcher([workspace], recorder, lambda p: False)
+    watcher._note(pkg, "remove")  # the directory moved away
+    watcher._note(pkg, "touch")  # a file moved in under its name
+    watcher._note(pkg, "touch")  # ... and written again: still remove-then-touch
+    batch = dict(watcher._pending)
+    watcher._dispatch(batch)
+    assert recorder.calls == [("remove", pkg), ("touch", pkg)]
+    watcher.sink = index
+    watcher._dispatch(batch)
+    assert index.flush(timeout=30)
+    assert not index.definitions("old_function")
+    assert [c.path for c in index.search("old_function", 5, mode="bm25")] == [pkg]  # the new file only
+    assert sorted(index._digests) == [pkg]

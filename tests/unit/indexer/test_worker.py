@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
 from indexer.store import Store
+from indexer import worker as worker_module
 from indexer.worker import CoalescingWorker
 
 from .conftest import write
@@ -124,5 +126,78 @@ def test_one_file_that_always_fails_is_the_only_one_dropped():
             worker.submit(path)
         assert worker.flush(timeout=10)
         assert sorted(done) == ["good1", "good2"] and worker.dropped == 1
+    finally:
+        worker.close()
+
+
+class _FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def monotonic(self):
+        return self.now
+
+
+def _wait_until(predicate, deadline_s=20.0):
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_each_failed_path_waits_out_its_own_backoff(monkeypatch):
+    """A new failure must not pull another path's pending retry forward: "bad" keeps its documented
+    backoff (1, 2, 4 here) while "flaky", failing once in between, is retried after its own."""
+    clock = _FakeClock()
+    monkeypatch.setattr(worker_module, "time", clock)  # the worker's clock only
+    bad_at = []  # fake times of the attempts at "bad"
+    done = []
+    flaky_failed = []
+
+    def handler(batch):
+        if "bad" in batch:
+            bad_at.append(clock.now)
+            raise RuntimeError("this file always fails")
+        if "flaky" in batch and not flaky_failed:
+            flaky_failed.append(clock.now)
+            raise RuntimeError("fails once")
+        done.extend(batch)
+
+    worker = CoalescingWorker(handler, retries=3, backoff_s=1.0)
+
+    def advance_to(t):
+        clock.now = t
+        with worker._cond:  # wake the thread to look at the clock again
+            worker._cond.notify_all()
+
+    def retry_queued(path, attempts):
+        with worker._cond:
+            return path in worker._retry and worker._attempts.get(path) == attempts
+
+    try:
+        worker.submit("bad")
+        assert _wait_until(lambda: retry_queued("bad", 1))  # tried at 0, due at 1
+        advance_to(1.0)
+        assert _wait_until(lambda: retry_queued("bad", 2))  # tried at 1, due at 3
+        advance_to(1.5)
+        worker.submit("flaky")
+        assert _wait_until(lambda: retry_queued("flaky", 1))  # tried at 1.5, due at 2.5
+        advance_to(2.5)
+        assert _wait_until(lambda: "flaky" in done and not worker._busy)
+        assert bad_at == [0.0, 1.0]  # not dragged along with "flaky" at 2.5
+        assert retry_queued("bad", 2)
+        advance_to(3.0)
+        assert _wait_until(lambda: retry_queued("bad", 3))  # tried at 3, due at 7
+        advance_to(6.9)
+        worker.submit("good")  # a batch taken at 6.9 must leave "bad" waiting
+        assert _wait_until(lambda: "good" in done and not worker._busy)
+        assert bad_at == [0.0, 1.0, 3.0]
+        advance_to(7.0)
+        assert worker.flush(timeout=20)
+        assert bad_at == [0.0, 1.0, 3.0, 7.0] and flaky_failed == [1.5]
+        assert sorted(done) == ["flaky", "good"]
+        assert worker.dropped == 1 and worker.errors == 5 and worker.pending == 0
     finally:
         worker.close()
