@@ -6,6 +6,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import unquote
 
 from lsprotocol import types as t
 from lsprotocol.types import Position
@@ -155,6 +156,34 @@ def suffix_window(after: str, budget: int) -> str:
         return after
     cut = after.rfind("\n", 0, budget)
     return after[: cut + 1] if cut >= 0 else after[:budget]  # a suffix opening with a newline keeps it
+
+
+def in_notebook(snap: Snapshot, workspace: Workspace, roots: Sequence[Path]) -> Snapshot:
+    """A notebook cell's snapshot with the notebook's other code cells of its language around it, in
+    order (the model sees the notebook as one file, named by the notebook's path); other snapshots as
+    they are. Only ``before``/``after`` grow: the cell's own positions and version still say where the
+    cursor is."""
+    notebook = workspace.get_notebook_document(cell_uri=snap.uri)
+    if notebook is None:
+        return snap
+    me = unquote(snap.uri)
+    before: list[str] = []
+    after: list[str] = []
+    seen = False
+    for cell in notebook.cells:
+        if unquote(cell.document) == me:
+            seen = True
+            continue
+        doc = workspace.text_documents.get(unquote(cell.document))
+        if cell.kind != t.NotebookCellKind.Code or doc is None or (doc.language_id or "") != snap.language:
+            continue
+        (after if seen else before).append(doc.source.rstrip("\n"))
+    if not seen:
+        return snap
+    head = "".join(f"{source}\n\n" for source in before)
+    tail = "".join(f"\n\n{source}" for source in after)
+    return Snapshot(snap.uri, snap.version, snap.language, relative_path(notebook.uri, roots), head + snap.before,
+                    snap.after + tail)
 
 
 def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str) -> Snapshot | None:

@@ -29,8 +29,8 @@ from lsp_server.engines import make_engine
 from lsp_server.index_handle import IndexHandle
 from lsp_server.suggestions import SuggestionCache
 from lsp_server.config import WORKSPACE_FILE, Config, IndexSettings, resolve_config
-from lsp_server.documents import (ACCEPT_COMMAND, Snapshot, completion_item, inline_item, snapshot, use_lsp_lines,
-                                  with_selection)
+from lsp_server.documents import (ACCEPT_COMMAND, Snapshot, completion_item, in_notebook, inline_item, snapshot,
+                                  use_lsp_lines, with_selection)
 from lsp_server import metrics
 from lsp_server.monitor import Monitor, monitor_for
 from lsp_server.scheduler import Scheduler, Telemetry, rss_mb
@@ -221,6 +221,7 @@ class Draftline:
             snap = with_selection(snap, doc, selected.range, selected.text)
         if not snap:
             return None
+        snap = in_notebook(snap, self.ls.workspace, self.roots)  # after with_selection: it works in the cell's offsets
         request = build_request(snap, self.config.completion, self.roots)
         hit = self.cache.lookup(snap, request)
         if hit is not None:
@@ -578,7 +579,10 @@ def _field(obj: Any, name: str, default: Any = None) -> Any:
 def build_server(user_config: Path | None = None, shared: Any = None) -> LanguageServer:
     """The composition root of the LSP side: a server with every handler registered (``shared``: a
     session of `draftline serve --tcp`, lsp_server.daemon)."""
-    ls = LanguageServer("draftline", "0.1.0", protocol_cls=DraftlineProtocol)
+    # notebooks (Jupyter in VS Code): every cell is synced, and a cell's completion sees the notebook's
+    # other code cells (documents.in_notebook)
+    notebooks = t.NotebookDocumentSyncOptions(notebook_selector=[t.NotebookDocumentFilterWithNotebook(notebook="*")])
+    ls = LanguageServer("draftline", "0.1.0", protocol_cls=DraftlineProtocol, notebook_document_sync=notebooks)
     app = Draftline(ls, user_config, shared)
     ls.draftline = app
 
@@ -636,6 +640,27 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
         app.scheduler.cancel(app.job_key(params.text_document.uri))
         app.cache.forget(params.text_document.uri)
         app.index_touch(params.text_document.uri, None)  # back to the on-disk text
+
+    def notebook_cells(uri: str) -> list[str]:
+        notebook = ls.workspace.get_notebook_document(notebook_uri=uri)
+        return [cell.document for cell in notebook.cells] if notebook is not None else []
+
+    @ls.feature(t.NOTEBOOK_DOCUMENT_DID_CHANGE)
+    def notebook_did_change(params: t.DidChangeNotebookDocumentParams) -> None:
+        # any cell's edit changes every cell's context: what runs for the notebook stops
+        cells = notebook_cells(params.notebook_document.uri)
+        structure = params.change.cells.structure if params.change.cells else None
+        removed = [d.uri for d in structure.did_close or []] if structure else []  # cells deleted
+        for cell in {*cells, *removed}:
+            app.scheduler.cancel(app.job_key(cell))
+        for cell in removed:
+            app.cache.forget(cell)
+
+    @ls.feature(t.NOTEBOOK_DOCUMENT_DID_CLOSE)
+    def notebook_did_close(params: t.DidCloseNotebookDocumentParams) -> None:
+        for cell in params.cell_text_documents:
+            app.scheduler.cancel(app.job_key(cell.uri))
+            app.cache.forget(cell.uri)
 
     @ls.feature(t.WORKSPACE_DID_CHANGE_WATCHED_FILES)
     def did_change_watched_files(params: t.DidChangeWatchedFilesParams) -> None:

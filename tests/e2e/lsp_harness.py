@@ -28,10 +28,15 @@ def options(**model: Any) -> dict[str, Any]:
 async def initialize(
     client: LanguageClient, profile: str = "visual-studio-code", *, inline: bool = True,
     init_options: dict[str, Any] | None = None, roots: tuple[Path, ...] = (), wait: str = "ready",
+    notebooks: bool = False,
 ) -> t.InitializeResult:
     folders = [t.WorkspaceFolder(uri=root.as_uri(), name=root.name) for root in roots] or None
+    caps = capabilities(profile, inline)
+    if notebooks:  # as VS Code declares them
+        caps.notebook_document = t.NotebookDocumentClientCapabilities(
+            synchronization=t.NotebookDocumentSyncClientCapabilities(execution_summary_support=True))
     params = t.InitializeParams(
-        capabilities=capabilities(profile, inline),
+        capabilities=caps,
         initialization_options=init_options if init_options is not None else options(),
         workspace_folders=folders,
     )

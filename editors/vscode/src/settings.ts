@@ -143,10 +143,14 @@ export interface DocumentFilter {
   language?: string;
 }
 
-/** The documents the server sees: all files, or only the enabled languages when `"*": false`. */
+/**
+ * The documents the server sees: all files, or only the enabled languages when `"*": false`. Notebook
+ * cells too: the server declares notebook sync, so the client sends it whole notebooks and a cell's
+ * completion sees the notebook's other cells.
+ */
 export function documentSelector(settings: Settings): DocumentFilter[] {
   const languages = settings.languages ?? {};
-  const schemes = ['file', 'untitled'];
+  const schemes = ['file', 'untitled', 'vscode-notebook-cell'];
   if (languages['*'] !== false) return schemes.map((scheme) => ({ scheme }));
   const enabled = Object.keys(languages).filter((l) => l !== '*' && languages[l] === true).sort();
   return schemes.flatMap((scheme) => enabled.map((language) => ({ scheme, language })));

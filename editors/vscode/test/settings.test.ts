@@ -200,13 +200,19 @@ describe('languages', () => {
   });
 
   test('the server sees every file unless "*" is off, then only the enabled languages', () => {
-    assert.deepEqual(documentSelector(settings()), [{ scheme: 'file' }, { scheme: 'untitled' }]);
+    assert.deepEqual(documentSelector(settings()), [
+      { scheme: 'file' },
+      { scheme: 'untitled' },
+      { scheme: 'vscode-notebook-cell' },
+    ]);
     const only = settings({ languages: { '*': false, rust: true, python: true, go: false } });
     assert.deepEqual(documentSelector(only), [
       { scheme: 'file', language: 'python' },
       { scheme: 'file', language: 'rust' },
       { scheme: 'untitled', language: 'python' },
       { scheme: 'untitled', language: 'rust' },
+      { scheme: 'vscode-notebook-cell', language: 'python' },
+      { scheme: 'vscode-notebook-cell', language: 'rust' },
     ]);
   });
 });
@@ -251,7 +257,11 @@ describe('what the extension hands vscode-languageclient', () => {
     const s = settings({ 'model.target': 'fake', 'completion.debounceMs': 15, languages: { '*': false, python: true } });
     const expected = { draftline: { model: { target: 'fake' }, completion: { debounce_ms: 15 } } };
     assert.deepEqual(clientConfig(s), {
-      documentSelector: [{ scheme: 'file', language: 'python' }, { scheme: 'untitled', language: 'python' }],
+      documentSelector: [
+        { scheme: 'file', language: 'python' },
+        { scheme: 'untitled', language: 'python' },
+        { scheme: 'vscode-notebook-cell', language: 'python' },
+      ],
       initializationOptions: expected,
     });
     assert.deepEqual(didChangeConfigurationParams(s), { settings: expected });
