@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import re
@@ -30,6 +31,32 @@ class FileEntry:
     path: str  # absolute, not symlink-resolved
     mtime: float
     size: int
+
+
+def notebook_code(text: str) -> str | None:
+    """A Jupyter notebook's code cells, in order, each followed by a blank line (how the server shows a
+    notebook to the model, lsp_server.documents.in_notebook); None when ``text`` is no notebook. Its
+    outputs (base64 images, printed data) and markdown stay out of the index and the prompts."""
+    try:
+        notebook = json.loads(text)
+    except ValueError:
+        return None
+    cells = notebook.get("cells") if isinstance(notebook, dict) else None
+    if not isinstance(cells, list):
+        return None
+    out = []
+    for cell in cells:
+        if not isinstance(cell, dict) or cell.get("cell_type") != "code":
+            continue
+        source = cell.get("source", "")
+        source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else source
+        if isinstance(source, str) and source.strip():
+            out.append(source.rstrip("\n") + "\n\n")
+    return "".join(out)
+
+
+def is_notebook(path: str) -> bool:
+    return path.lower().endswith(".ipynb")
 
 
 @dataclass(frozen=True)
@@ -319,6 +346,10 @@ class FileFilter:
     # ---- reading ------------------------------------------------------
     def read(self, path: str, overlay: str | None = None) -> tuple[SourceFile | None, str | None]:
         """Read one file (or its unsaved overlay text); returns (file, None) or (None, reason)."""
+        if overlay is not None and is_notebook(path):  # an editor showing the notebook's JSON as text
+            overlay = notebook_code(overlay)
+            if overlay is None:
+                return None, "bad_notebook"
         if overlay is not None:
             if self.content_is_secret(overlay):
                 return None, "secret_content"
@@ -345,6 +376,10 @@ class FileFilter:
             return None, "not_utf8"
         if text.startswith("\ufeff"):
             text = text[1:]
+        if is_notebook(path):
+            text = notebook_code(text)
+            if text is None:
+                return None, "bad_notebook"
         if self.content_is_secret(text):
             return None, "secret_content"
         return SourceFile(path, text, st.st_mtime, st.st_size, content_digest(text)), None

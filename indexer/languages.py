@@ -67,7 +67,7 @@ LANGUAGES: tuple[LanguageSpec, ...] = (
     LanguageSpec(
         "python",
         "tree_sitter_python",
-        extensions=(".py", ".pyi", ".pyw"),
+        extensions=(".py", ".pyi", ".pyw", ".ipynb"),  # a notebook: its code cells (files.notebook_code)
         definitions={"function_definition": "function", "class_definition": "class"},
         containers=frozenset({"class_definition"}),
         wrappers=frozenset({"decorated_definition"}),

@@ -173,3 +173,39 @@ def test_stats_and_progress(workspace, make_index):
     assert calls[0] == (0, 4) and calls[-1] == (4, 4)
     st = index.stats()
     assert st.files == 3 and st.skipped == {"binary": 1} and st.last_index_seconds >= 0
+
+
+def notebook(*cells) -> str:
+    import json
+
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {"language_info": {"name": "python"}},
+                       "cells": [{"cell_type": kind, "metadata": {}, "source": source,
+                                  **({"outputs": outputs, "execution_count": 1} if kind == "code" else {})}
+                                 for kind, source, outputs in cells]})
+
+
+def test_a_notebook_is_indexed_as_its_code_cells(workspace, make_index):
+    png = {"output_type": "display_data", "data": {"image/png": "iVBORw0KGgo" + "Q" * 4000}, "metadata": {}}
+    printed = {"output_type": "stream", "name": "stdout", "text": ["outputonlytoken 42\n"]}
+    write(workspace, "analysis.ipynb", notebook(
+        ("markdown", ["# Markdownonlytoken (heading\n"], None),
+        ("code", ["import math\n", "\n", "def circle_area(r):\n", "    return math.pi * r ** 2\n"], [printed]),
+        ("code", "plot(circle_area(2))", [png]),
+    ))
+    write(workspace, "broken.ipynb", "{not json")
+    index = make_index(workspace)
+    summary = index.build()
+    assert summary["files"] == 1 and summary["skipped"]["bad_notebook"] == 1
+    hits = index.search("circle_area", k=5, mode="bm25")
+    assert paths(hits) and set(paths(hits)) == {"analysis.ipynb"}
+    text = "\n".join(c.text for c in sorted(hits, key=lambda c: c.start_line))
+    assert "def circle_area(r):" in text and "plot(circle_area(2))" in text  # chunked as Python: a def, a statement
+    assert '"cell_type"' not in text and "iVBORw0KGgo" not in text
+    for token in ("outputonlytoken", "Markdownonlytoken", "iVBORw0KGgo" + "Q" * 4000):
+        assert index.search(token, k=5, mode="bm25") == [], token
+    assert [s.name for s in index.definitions("circle_area")] == ["circle_area"]  # chunked as Python
+    # an editor that shows the notebook's JSON as text: its unsaved buffer is indexed the same way
+    index.touch(workspace / "analysis.ipynb", text=notebook(("code", "def in_buffer_cell():\n    pass\n", [])))
+    assert index.flush(timeout=30)
+    assert paths(index.search("in_buffer_cell", k=1, mode="bm25")) == ["analysis.ipynb"]
+    assert index.search("circle_area", k=5, mode="bm25") == []
