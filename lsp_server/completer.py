@@ -86,7 +86,7 @@ def build_request(snap: Snapshot, cfg: CompletionConfig, roots: Sequence[Path] =
         version=snap.version,
         language=snap.language,
         path=snap.path,
-        repo=repo_name(snap.uri, roots),
+        repo=repo_name(snap.file_uri or snap.uri, roots),
         mode=mode,
         limits=limits,
     )
@@ -94,7 +94,7 @@ def build_request(snap: Snapshot, cfg: CompletionConfig, roots: Sequence[Path] =
 
 def context_for(snap: Snapshot, request: CompletionRequest, cfg: CompletionConfig) -> Context:
     """The cross-file context inputs of a snapshot (cheap: run it on the event loop)."""
-    path = uri_to_path(snap.uri) or ""
+    path = snap.file or ""
     return build_context(snap.before, snap.after, request.prefix, path, snap.language, cfg.query_lines)
 
 

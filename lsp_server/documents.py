@@ -88,6 +88,12 @@ class Snapshot:
     path: str  # workspace-relative when the file is inside a root, else absolute (or the uri)
     before: str  # whole text before the cursor
     after: str  # whole text after the cursor
+    file_uri: str = ""  # the file the text belongs to where that is not ``uri``: a notebook cell's notebook
+
+    @property
+    def file(self) -> str | None:
+        """The file system path of the text's file (None for an unsaved or non-file document)."""
+        return uri_to_path(self.file_uri or self.uri)
 
 
 def snapshot(doc: TextDocument, line: int, character: int, roots: Sequence[Path]) -> Snapshot | None:
@@ -183,7 +189,7 @@ def in_notebook(snap: Snapshot, workspace: Workspace, roots: Sequence[Path]) -> 
     head = "".join(f"{source}\n\n" for source in before)
     tail = "".join(f"\n\n{source}" for source in after)
     return Snapshot(snap.uri, snap.version, snap.language, relative_path(notebook.uri, roots), head + snap.before,
-                    snap.after + tail)
+                    snap.after + tail, file_uri=notebook.uri)
 
 
 def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str) -> Snapshot | None:

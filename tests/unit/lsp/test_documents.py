@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pygls.workspace import TextDocument
 
 from lsp_server.documents import snapshot
@@ -100,3 +102,31 @@ def test_language_ids_of_files_read_from_disk():
 
     assert [language_id(p) for p in ("a.py", "b/c.TSX", "x.rs", "Makefile", "init.el", "README")] == [
         "python", "typescriptreact", "rust", "makefile", "emacs-lisp", ""]
+
+
+def test_a_cells_snapshot_names_its_notebooks_file_for_the_context():
+    from lsprotocol import types as t
+    from pygls.workspace import Workspace
+
+    from lsp_server.completer import build_request, context_for
+    from lsp_server.config import CompletionConfig
+    from lsp_server.documents import in_notebook, use_lsp_lines
+
+    root = Path("/ws").resolve()
+    notebook_uri = (root / "nb" / "analysis.ipynb").as_uri()
+    cells = [("c0", "python", "import helpers\n"), ("c1", "python", "helpers.")]
+    workspace = Workspace(root.as_uri())
+    use_lsp_lines(workspace)
+    workspace.put_notebook_document(t.DidOpenNotebookDocumentParams(
+        notebook_document=t.NotebookDocument(uri=notebook_uri, notebook_type="jupyter-notebook", version=1, cells=[
+            t.NotebookCell(kind=t.NotebookCellKind.Code, document=f"vscode-notebook-cell:{name}") for name, _, _ in cells]),
+        cell_text_documents=[t.TextDocumentItem(uri=f"vscode-notebook-cell:{name}", language_id=lang, version=1, text=text)
+                             for name, lang, text in cells]))
+    doc = workspace.get_text_document("vscode-notebook-cell:c1")
+    snap = in_notebook(snapshot(doc, 0, 8, [root]), workspace, [root])
+    assert snap.uri == "vscode-notebook-cell:c1" and snap.before == "import helpers\n\nhelpers."
+    assert snap.path == "nb/analysis.ipynb" and snap.file == str(root / "nb" / "analysis.ipynb")
+    cfg = CompletionConfig()
+    request = build_request(snap, cfg, [root])
+    assert request.repo == "ws" and request.path == "nb/analysis.ipynb"
+    assert context_for(snap, request, cfg).path == str(root / "nb" / "analysis.ipynb")  # imports, own-file chunks
