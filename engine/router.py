@@ -17,7 +17,8 @@ The seed's parameters:
   the block model's time limit; past it, or with nothing better, the fast line stands.
 
 Models are built on first use (the line route's at start, so the server's "ready" means it can
-answer) and shared: two routes naming the same model get one engine. `status()` reports each model:
+answer; any other in the background, the line model answering meanwhile) and shared: two routes
+naming the same model get one engine. `status()` reports each model:
 its state, load time, memory, and what the routes did (requests, time-outs, fall-backs, escalations).
 """
 
@@ -62,9 +63,16 @@ class Deadline:
         return self.is_set()
 
 
+def _in_thread(load: Callable[[], None]) -> None:
+    threading.Thread(target=load, name="draftline-route-load", daemon=True).start()
+
+
 @dataclass
 class Model:
-    """One engine the routes share, built on first use."""
+    """One engine the routes share, built on first use: the line route's at start (``get``, on the
+    engine thread), any other in the background once a request wants it (``ready``), so that loading
+    a large block model never holds the engine thread (and every keystroke's answer) for its load; the
+    line model answers meanwhile. A failed load is tried again once ``retry_s`` have passed."""
 
     key: str
     label: str
@@ -74,21 +82,50 @@ class Model:
     error: str = ""
     load_s: float = 0.0
     counts: dict[str, int] = field(default_factory=lambda: {"requests": 0})
+    spawn: Callable[[Callable[[], None]], None] = _in_thread  # how a background load runs
+    retry_s: float = 60.0
+    clock: Callable[[], float] = time.monotonic
+    failed_at: float = 0.0
+    fresh: bool = False  # loaded, and the router has not yet given it its overrides
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def get(self) -> Any:
-        if self.engine is None and self.state != "failed":
-            self.state, started = "loading", time.perf_counter()
-            try:
-                self.engine = self.build()
-            except Exception as exc:
-                self.state, self.error = "failed", f"{type(exc).__name__}: {exc}"
-                log.error("route model %s failed to load: %s", self.label, self.error)
-                raise
-            self.state, self.load_s = "ready", time.perf_counter() - started
-            log.info("route model %s loaded in %.2fs", self.label, self.load_s)
+        """The engine, loaded here and now if need be; raises when it cannot load."""
+        if self._claim():
+            self._load()
         if self.engine is None:
-            raise RuntimeError(f"{self.label} failed to load: {self.error}")
+            raise RuntimeError(f"{self.label} failed to load: {self.error}" if self.error else f"{self.label} is loading")
         return self.engine
+
+    def ready(self) -> Any:
+        """The engine if it is loaded, else None, and a background load starts unless one runs."""
+        if self.engine is None and self._claim():
+            self.spawn(self._load)
+        return self.engine
+
+    def _claim(self) -> bool:
+        """Whether this caller should load the model (no one is, and it has not failed lately)."""
+        with self._lock:
+            if self.engine is not None or self.state == "loading":
+                return False
+            if self.state == "failed" and self.clock() - self.failed_at < self.retry_s:
+                return False
+            self.state = "loading"
+            return True
+
+    def _load(self) -> None:
+        started = time.perf_counter()
+        try:
+            engine = self.build()
+        except Exception as exc:
+            with self._lock:
+                self.state, self.error, self.failed_at = "failed", f"{type(exc).__name__}: {exc}", self.clock()
+            log.error("route model %s failed to load: %s", self.label, self.error)
+            return
+        with self._lock:
+            self.engine, self.fresh, self.error = engine, True, ""
+            self.state, self.load_s = "ready", time.perf_counter() - started
+        log.info("route model %s loaded in %.2fs", self.label, self.load_s)
 
     def bump(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
@@ -173,7 +210,9 @@ class Router:
         self.models, self.routes, self.confidence, self.clock = dict(models), dict(routes), confidence, clock
         self.overrides: dict[str, Any] = {}
         self.base_spec = None  # one spec per model: the monitor's plain self-check stays off
-        self.models[self.routes["line"].model].get()  # the line model answers from the first request
+        line = self.models[self.routes["line"].model]
+        line.get()  # the line model answers from the first request
+        line.fresh = False  # no overrides yet
 
     # -- the engine API ------------------------------------------------------------------------------
     def complete(self, request: CompletionRequest, cancel: threading.Event, spec: SpecConfig | None = None) -> CompletionResult:
@@ -217,14 +256,15 @@ class Router:
 
     # -- routes ----------------------------------------------------------------------------------------
     def _engine(self, route: Route) -> tuple[Model, Any] | None:
+        """The route's model and engine; None while it loads (in the background) or after it failed."""
         model = self.models[route.model]
-        was_loaded = model.engine is not None
-        try:
-            engine = model.get()
-        except Exception:
+        engine = model.ready()
+        if engine is None:
             return None
-        if not was_loaded and self.overrides and callable(getattr(engine, "apply_overrides", None)):
-            engine.apply_overrides(**self.overrides)
+        if model.fresh:  # loaded since the last overrides went out: it gets them now
+            model.fresh = False
+            if self.overrides and callable(getattr(engine, "apply_overrides", None)):
+                engine.apply_overrides(**self.overrides)
         return model, engine
 
     def _run(self, route: Route, request: CompletionRequest, cancel: threading.Event, spec: SpecConfig | None,

@@ -63,9 +63,10 @@ def router(line, block, limit_s=10.0, confidence=0.8, lazy_block=True):
             return engine
         return make
 
-    models = {"line": Model("line", "line", build(line))}
+    now = lambda load: load()  # noqa: E731  # a load runs at once, in the caller: no thread to wait for
+    models = {"line": Model("line", "line", build(line), spawn=now)}
     if block is not None:
-        models["block"] = Model("block", "block", build(block))
+        models["block"] = Model("block", "block", build(block), spawn=now)
     routes = {"line": Route("line", "line", limit_s), "block": Route("block", "block" if block else "line", limit_s)}
     return Router(models, routes, confidence, clock=Clock()), built
 
@@ -125,11 +126,64 @@ def test_the_fast_line_stands_when_the_escalation_runs_out_of_time():
 def test_a_block_model_that_cannot_load_leaves_the_line_model_serving():
     line = Scripted("line", "L")
     models = {"line": Model("line", "line", lambda: line),
-              "block": Model("block", "block", lambda: (_ for _ in ()).throw(RuntimeError("no such file")))}
+              "block": Model("block", "block", lambda: (_ for _ in ()).throw(RuntimeError("no such file")),
+                             spawn=lambda load: load())}
     r = Router(models, {"line": Route("line", "line", 1), "block": Route("block", "block", 1)})
     assert r.complete(MULTI, threading.Event()).text == "L"
     status = r.status()["models"]["block"]
     assert status["state"] == "failed" and "no such file" in status["error"]
+
+
+def until(predicate, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
+def test_a_block_model_loads_in_the_background_while_the_line_model_answers():
+    line, block = Scripted("line", "line writes it"), Scripted("block", "a\nb")
+    gate, started = threading.Event(), threading.Event()
+
+    def build_block():
+        started.set()
+        assert gate.wait(20)  # a large model's load: the engine thread must not wait for it
+        return block
+
+    models = {"line": Model("line", "line", lambda: line), "block": Model("block", "block", build_block)}
+    r = Router(models, {"line": Route("line", "line", 1), "block": Route("block", "block", 1)})
+    r.apply_overrides(drafter="none")
+    assert r.complete(MULTI, threading.Event()).text == "line writes it"  # answered while the block model loads
+    assert started.wait(20) and r.status()["models"]["block"]["state"] == "loading"
+    assert r.complete(MULTI, threading.Event()).text == "line writes it"  # one load, still running
+    gate.set()
+    until(lambda: r.status()["models"]["block"]["state"] == "ready")
+    assert r.complete(MULTI, threading.Event()).text == "a\nb"
+    assert block.overrides == {"drafter": "none"}  # the overrides made while it loaded reached it
+
+
+def test_a_failed_block_model_is_tried_again_after_its_retry_time():
+    line, block = Scripted("line", "L"), Scripted("block", "B")
+    clock, tries = [0.0], []
+
+    def build_block():
+        tries.append(clock[0])
+        if len(tries) == 1:
+            raise RuntimeError("out of memory")
+        return block
+
+    models = {"line": Model("line", "line", lambda: line),
+              "block": Model("block", "block", build_block, spawn=lambda load: load(), retry_s=60,
+                             clock=lambda: clock[0])}
+    r = Router(models, {"line": Route("line", "line", 1), "block": Route("block", "block", 1)})
+    assert r.complete(MULTI, threading.Event()).text == "L"
+    assert r.status()["models"]["block"]["state"] == "failed"
+    clock[0] = 59.0
+    assert r.complete(MULTI, threading.Event()).text == "L" and tries == [0.0]  # not before its retry time
+    clock[0] = 61.0
+    assert r.complete(MULTI, threading.Event()).text == "B" and tries == [0.0, 61.0]
+    status = r.status()["models"]["block"]
+    assert status["state"] == "ready" and "error" not in status
 
 
 def test_cancel_passes_through_and_overrides_reach_every_model():
