@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import json
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,6 +41,25 @@ class IndexRegistry:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._open: dict[tuple, list[Any]] = {}  # key -> [index, users]
+        # id(index) -> path -> {session's handle id: its unsaved text}, the latest last
+        self._overlays: dict[int, dict[str, dict[int, str]]] = {}
+
+    def overlay(self, index: Any, path: str, text: str | None, owner: int) -> str | None:
+        """What the shared ``index`` should hold for ``path`` after ``owner`` (a session) set its unsaved
+        text (``text``) or let go of it (None: closed, saved, or changed on disk): the latest text a
+        session still holds, else None (the disk's). One editor leaving a file two of them edit no longer
+        puts the disk's text back under the other."""
+        key = os.path.abspath(path)
+        with self._lock:
+            paths = self._overlays.setdefault(id(index), {})
+            owners = paths.setdefault(key, {})
+            owners.pop(owner, None)
+            if text is not None:
+                owners[owner] = text
+            if not owners:
+                del paths[key]
+                return None
+            return next(reversed(owners.values()))
 
     @staticmethod
     def _key(roots: Sequence[Path], cfg: IndexSettings) -> tuple:
@@ -69,6 +89,7 @@ class IndexRegistry:
                     if entry[1] > 0:
                         return
                     del self._open[key]
+                    self._overlays.pop(id(index), None)
                     break
         if hasattr(index, "close"):
             index.close()

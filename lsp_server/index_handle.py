@@ -176,6 +176,11 @@ class IndexHandle:
             return True
 
     def touch(self, path: str, text: str | None = None) -> None:
+        """``text``: this session's unsaved buffer; None: back to the disk's text (in a daemon, to another
+        session's unsaved text where one still has the file open)."""
+        index = self.index
+        if index is not None and self.registry is not None and hasattr(self.registry, "overlay"):
+            text = self.registry.overlay(index, path, text, id(self))
         self._call("touch", path, text)
         self._count(path)  # after the index has the change: a count it is not yet pending for would read as settled
 

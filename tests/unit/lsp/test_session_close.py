@@ -73,3 +73,28 @@ def test_a_closed_session_leaves_the_metrics_at_once():
     assert any(session is app for session in metrics._LIVE.values())
     app.close()
     assert not any(session is app for session in metrics._LIVE.values())  # no longer exported as live
+
+
+def test_a_session_leaving_a_file_another_edits_leaves_that_sessions_text_in_the_shared_index(monkeypatch, tmp_path):
+    from lsp_server import daemon
+    from lsp_server.config import IndexSettings
+
+    shared = RecordingIndex()
+    monkeypatch.setattr(daemon, "open_index", lambda roots, cfg: shared)
+    registry = daemon.IndexRegistry()
+    one, two = IndexHandle(registry), IndexHandle(registry)
+    for handle in (one, two):
+        handle.index, handle.state = registry.acquire([tmp_path], IndexSettings()), "ready"
+    path = str(tmp_path / "both.py")
+    one.touch(path, "one's text")
+    two.touch(path, "two's text")
+    one.touch(path, None)  # one closes its buffer: two still has the file open, unsaved
+    two.touch(path, "two's newer text")
+    one.touch(path, "one again")
+    two.touch(path, None)  # two saves: one's buffer is the latest unsaved text left
+    one.touch(path, None)  # and once no session holds the file, the disk's text
+    assert shared.touches == [(path, "one's text"), (path, "two's text"), (path, "two's text"),
+                              (path, "two's newer text"), (path, "one again"), (path, "one again"), (path, None)]
+    one.close()
+    two.close()
+    assert shared.closed == 1 and registry._overlays == {}
