@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import re
 
 from engine.types import Mode
@@ -211,23 +212,34 @@ def open_brackets(code: str, language: str = "") -> list[str]:
                 if stack[k][0] == CLOSERS[c]:
                     del stack[k:]
                     break
-    return [c for c, at in stack if not _stray(code, at)] if stack else []
+    if not stack:
+        return []
+    stray = _stray_after(code)
+    return [c for c, at in stack if stray(at)]
 
 
-def _stray(code: str, at: int) -> bool:
-    """An opener that code after it shows was never open: a later line at its line's indentation or
-    less that does not start with a closer (a bracket in a comment or regex the rules above did not
-    see, a macro's ``(``). A bracket really open has its later lines indented under it."""
-    line_start = code.rfind("\n", 0, at) + 1
-    indent = indent_of(code[line_start:at])
-    end = code.find("\n", at)
-    while end != -1:
-        start, end = end + 1, code.find("\n", end + 1)
-        line = code[start:] if end == -1 else code[start:end]
+def _stray_after(code: str):
+    """``kept(offset)``: False for an opener that code after it shows was never open -- a later line at
+    its line's indentation or less that does not start with a closer (a bracket in a comment or regex
+    the rules above did not see, a macro's ``(``). A bracket really open has its later lines indented
+    under it. One pass over the lines, then a lookup per opener."""
+    starts = [0]
+    starts.extend(i + 1 for i, c in enumerate(code) if c == "\n")
+    # least_after[k]: the least indentation of a line from line k on that would close a block (not
+    # blank, not starting with a closer)
+    least_after = [float("inf")] * (len(starts) + 1)
+    for k in range(len(starts) - 1, -1, -1):
+        end = starts[k + 1] - 1 if k + 1 < len(starts) else len(code)
+        line = code[starts[k]:end]
         body = line.lstrip(" \t")
-        if body and body[0] not in CLOSERS and len(line) - len(body) <= indent:
-            return True
-    return False
+        here = len(line) - len(body) if body and body[0] not in CLOSERS else float("inf")
+        least_after[k] = min(here, least_after[k + 1])
+
+    def kept(at: int) -> bool:
+        k = bisect.bisect_right(starts, at) - 1
+        return least_after[k + 1] > indent_of(code[starts[k]:at])
+
+    return kept
 
 
 def _trailing_unmatched_closers(text: str) -> list[tuple[int, str]]:
