@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import re
+from collections.abc import Sequence
 
 from engine.types import Mode
 
@@ -203,9 +204,13 @@ def open_brackets(code: str, language: str = "") -> list[str]:
     opener from a comment or a multi-line string); a closer with no opener is ignored (a window cut).
     """
     stack: list[tuple[str, int]] = []  # (opener, offset)
+    spans: list[tuple[int, int]] = []  # multi-line strings and comments: their lines say nothing of brackets
     for m in _bracket_tokens(language).finditer(code):
         c = m.group()
-        if c in OPENERS:
+        if len(c) > 1:
+            if "\n" in c:
+                spans.append(m.span())
+        elif c in OPENERS:
             stack.append((c, m.start()))
         elif c in CLOSERS:
             for k in range(len(stack) - 1, -1, -1):
@@ -214,17 +219,24 @@ def open_brackets(code: str, language: str = "") -> list[str]:
                     break
     if not stack:
         return []
-    stray = _stray_after(code)
-    return [c for c, at in stack if stray(at)]
+    kept = _stray_after(code, spans)
+    return [c for c, at in stack if c == "{" or kept(at)]
 
 
-def _stray_after(code: str):
-    """``kept(offset)``: False for an opener that code after it shows was never open -- a later line at
-    its line's indentation or less that does not start with a closer (a bracket in a comment or regex
-    the rules above did not see, a macro's ``(``). A bracket really open has its later lines indented
-    under it. One pass over the lines, then a lookup per opener."""
+def _stray_after(code: str, spans: Sequence[tuple[int, int]] = ()):
+    """``kept(offset)``: False for a ``(``/``[`` that code after it shows was never open -- a later line
+    at its line's indentation or less that does not start with a closer (a bracket in a comment or regex
+    the rules above did not see, a macro's ``(``). Such a bracket really open has its later lines
+    indented under it; a ``{`` need not (Go's ``case``, a C++ namespace's body), so the caller keeps
+    those. Lines that start inside ``spans`` (multi-line strings and comments) do not count. One pass
+    over the lines, then a lookup per opener."""
     starts = [0]
     starts.extend(i + 1 for i, c in enumerate(code) if c == "\n")
+    inside = set()
+    for lo, hi in spans:
+        first = bisect.bisect_right(starts, lo)  # the lines that start after the span's first character
+        last = bisect.bisect_left(starts, hi)
+        inside.update(range(first, last))
     # least_after[k]: the least indentation of a line from line k on that would close a block (not
     # blank, not starting with a closer)
     least_after = [float("inf")] * (len(starts) + 1)
@@ -232,7 +244,7 @@ def _stray_after(code: str):
         end = starts[k + 1] - 1 if k + 1 < len(starts) else len(code)
         line = code[starts[k]:end]
         body = line.lstrip(" \t")
-        here = len(line) - len(body) if body and body[0] not in CLOSERS else float("inf")
+        here = len(line) - len(body) if body and body[0] not in CLOSERS and k not in inside else float("inf")
         least_after[k] = min(here, least_after[k + 1])
 
     def kept(at: int) -> bool:

@@ -110,6 +110,22 @@ def test_brackets_in_comments_do_not_count(language, prefix, text, suffix, expec
     assert postprocess(text, prefix, suffix, "single-line", language=language) == expected
 
 
+@pytest.mark.parametrize(
+    "language, prefix, text, suffix, mode, expected",
+    [
+        # a { need not indent what follows it: Go's case labels, a C++ namespace's body
+        ("go", "func f(x int) {\n\tswitch x {\n\tcase 1:\n\t\treturn\n\t", "default:\n\t\treturn\n\t}", "\n}\n",
+         "multi-line", "default:\n\t\treturn\n\t}"),
+        ("cpp", "namespace ns {\n\nint f() {\n  ", "return 0;\n}", "\n}  // namespace ns\n", "multi-line", "return 0;\n}"),
+        # the lines of a multi-line string inside the brackets say nothing of them
+        ("python", 'def main():\n    parser.add_argument(\n        "--x", help="""\nHelp text.\n""", default=f(g(',
+         "1))", ")", "single-line", "1))"),
+    ],
+)
+def test_openers_that_are_open_after_lines_at_their_indent(language, prefix, text, suffix, mode, expected):
+    assert postprocess(text, prefix, suffix, mode, language=language) == expected
+
+
 def test_a_quote_that_opens_a_string_is_kept():
     # before the completion's quote the line's strings are closed: it opens one, the suffix's does not close it
     assert postprocess('b"', 's = "a" + ', '"', "single-line") == 'b"'
