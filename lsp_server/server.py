@@ -158,33 +158,40 @@ class Draftline:
 
     async def _load_pending(self, config: Config) -> None:
         try:
-            await self._load(config)
+            # A load skipped (or dropped) because another model was wanted at its turn, while the switch
+            # back to this one found it still pending and queued none: it runs again
+            while not await self._load(config) and config.model == self._wanted_model:
+                pass
         finally:
             self._pending_loads.remove(config.model)
 
-    async def _load(self, config: Config) -> None:
+    async def _load(self, config: Config) -> bool:
+        """Whether this load settled the slot (installed the engine, or reported its failure); False
+        when it was no longer wanted at its turn or once loaded."""
         def wanted() -> bool:  # asked on the engine thread too (a reference the loop sets: no lock needed)
             return config.model == self._wanted_model
 
         try:
             if self.shared is not None:  # the daemon loads each model once, for every session: asked for
                 if not await self.scheduler.call(wanted):  # only if still wanted at this session's turn there
-                    return
+                    return False
                 engine = await self.shared.engine(config.model)
             else:
                 engine = await self.scheduler.call(lambda: make_engine(config.model) if wanted() else None)
         except Exception as exc:
             log.exception("model failed to load")
             if not wanted():
-                return  # superseded by another model while loading
+                return False  # superseded by another model while loading
             self.slot = EngineSlot("failed", error=f"{type(exc).__name__}: {exc}")
             message = f"draftline: model {config.model.target!r} failed to load: {self.slot.error}"
             self.ls.window_show_message(t.ShowMessageParams(type=t.MessageType.Error, message=message))
-            return
-        if engine is not None and wanted():
-            self.slot = EngineSlot("ready", Completer(engine, self.config.completion, self.index, self.roots))
-            self.monitor = monitor_for(engine, self.config.monitor, _engine_runner(self.scheduler))
-            log.info("model %r ready", config.model.target)
+            return True
+        if engine is None or not wanted():
+            return False
+        self.slot = EngineSlot("ready", Completer(engine, self.config.completion, self.index, self.roots))
+        self.monitor = monitor_for(engine, self.config.monitor, _engine_runner(self.scheduler))
+        log.info("model %r ready", config.model.target)
+        return True
 
     # -- completion ------------------------------------------------------------------------------
     def document(self, uri: str):

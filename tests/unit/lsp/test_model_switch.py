@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -170,4 +171,34 @@ def test_switches_made_before_any_load_starts_load_the_last_model_once(monkeypat
     finally:
         finish(app, shared)
     assert loads == ["A"]
+    assert app.slot.completer.engine.text == "A"
+
+
+def test_a_load_skipped_for_another_model_runs_again_when_its_model_is_wanted_back(monkeypatch, tmp_path):
+    loads: list[str] = []
+    app, shared = session(monkeypatch, tmp_path, lambda model: loads.append(model.options["text"])
+                          or FakeEngine(text=model.options["text"]), False)
+
+    async def run():
+        gate = threading.Event()
+        busy = asyncio.ensure_future(app.scheduler.call(lambda: gate.wait(10)))  # the engine thread is taken
+        await asyncio.sleep(0)
+        app.configure(settings("A"))
+        app.configure(settings("B"))
+        await asyncio.sleep(0)  # both loads queued behind it
+        gate.set()
+        # the loop held (as by a long handler) while the engine thread skips A (B is wanted) and loads B
+        for _ in range(1000):
+            if loads == ["B"]:
+                break
+            time.sleep(0.01)
+        app.configure(settings("A"))  # back to A before A's load has heard it was skipped
+        await busy
+        await until(lambda: app.slot.state == "ready")
+
+    try:
+        asyncio.run(run())
+    finally:
+        finish(app, shared)
+    assert loads == ["B", "A"]
     assert app.slot.completer.engine.text == "A"
