@@ -123,7 +123,10 @@ class Model:
             log.error("route model %s failed to load: %s", self.label, self.error)
             return
         with self._lock:
-            self.engine, self.fresh, self.error = engine, True, ""
+            # fresh before engine: the engine thread reads them without the lock, and an engine seen
+            # without its flag would skip the router's overrides (the monitor's rollback)
+            self.fresh, self.error = True, ""
+            self.engine = engine
             self.state, self.load_s = "ready", time.perf_counter() - started
         log.info("route model %s loaded in %.2fs", self.label, self.load_s)
 

@@ -61,9 +61,15 @@ def language_id(path: str | Path) -> str:
 class LspTextDocument(TextDocument):
     """pygls' document with LSP's lines (positions, edits and snapshots all go through ``lines``)."""
 
+    _lines: tuple[str, tuple[str, ...]] | None = None  # (the source they were split from, the lines)
+
     @property
     def lines(self) -> Sequence[str]:
-        return tuple(lsp_lines(self.source))
+        # read several times per keystroke (the edit, the snapshot, offsets): split once per text
+        source = self.source
+        if self._lines is None or self._lines[0] is not source:
+            self._lines = (source, tuple(lsp_lines(source)))
+        return self._lines[1]
 
 
 class LspWorkspace(Workspace):

@@ -297,3 +297,26 @@ def test_status_of_a_remote_only_router_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_a_block_model_seen_at_any_point_of_its_load_gets_the_overrides():
+    published, finish = threading.Event(), threading.Event()
+
+    class Paused(Model):  # the load thread stops right after the engine becomes visible
+        def __setattr__(self, name, value):
+            super().__setattr__(name, value)
+            if name == "engine" and value is not None and threading.current_thread().name == "draftline-route-load":
+                published.set()
+                finish.wait(20)
+
+    line, block = Scripted("line", "L"), Scripted("block", "a\nb")
+    models = {"line": Model("line", "line", lambda: line), "block": Paused("block", "block", lambda: block)}
+    r = Router(models, {"line": Route("line", "line", 1), "block": Route("block", "block", 1)})
+    r.apply_overrides(drafter="none")  # the monitor rolled the drafter back
+    try:
+        models["block"].ready()  # a request wanted it: its load starts in the background
+        assert published.wait(20)
+        assert r.complete(MULTI, threading.Event()).text == "a\nb"  # the engine is visible, its load not done
+        assert block.overrides == {"drafter": "none"}
+    finally:
+        finish.set()

@@ -130,3 +130,21 @@ def test_a_cells_snapshot_names_its_notebooks_file_for_the_context():
     request = build_request(snap, cfg, [root])
     assert request.repo == "ws" and request.path == "nb/analysis.ipynb"
     assert context_for(snap, request, cfg).path == str(root / "nb" / "analysis.ipynb")  # imports, own-file chunks
+
+
+def test_a_documents_lines_are_split_once_per_text(monkeypatch):
+    from lsprotocol import types as t
+
+    from lsp_server import documents
+    from lsp_server.documents import LspTextDocument
+
+    calls = []
+    split = documents.lsp_lines
+    monkeypatch.setattr(documents, "lsp_lines", lambda source: calls.append(1) or split(source))
+    doc = LspTextDocument(URI, "a = 1\nb = 2\n", sync_kind=t.TextDocumentSyncKind.Incremental)
+    for _ in range(3):
+        assert snapshot(doc, 1, 3, ()) is not None  # lines, then an offset: each reads them
+    assert len(calls) == 1
+    doc.apply_change(t.TextDocumentContentChangePartial(range=t.Range(start=t.Position(1, 5), end=t.Position(1, 5)),
+                                                        text="0"))
+    assert doc.source == "a = 1\nb = 20\n" and doc.lines == ("a = 1\n", "b = 20\n") and len(calls) == 2
