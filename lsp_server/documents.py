@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -196,6 +197,17 @@ def in_notebook(snap: Snapshot, workspace: Workspace, roots: Sequence[Path]) -> 
     tail = "".join(f"\n\n{source}" for source in after)
     return Snapshot(snap.uri, snap.version, snap.language, relative_path(notebook.uri, roots), head + snap.before,
                     snap.after + tail, file_uri=notebook.uri)
+
+
+def notebook_json(notebook: t.NotebookDocument, workspace: Workspace) -> str:
+    """An open notebook's cells as notebook JSON (nbformat's ``cells``: kind and source), the form the
+    index reads a notebook file in (indexer.files.notebook_code)."""
+    cells = []
+    for cell in notebook.cells:
+        doc = workspace.text_documents.get(unquote(cell.document))
+        kind = "code" if cell.kind == t.NotebookCellKind.Code else "markdown"
+        cells.append({"cell_type": kind, "source": doc.source if doc is not None else ""})
+    return json.dumps({"cells": cells})
 
 
 def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str) -> Snapshot | None:

@@ -29,8 +29,8 @@ from lsp_server.engines import make_engine
 from lsp_server.index_handle import IndexHandle
 from lsp_server.suggestions import SuggestionCache
 from lsp_server.config import WORKSPACE_FILE, Config, IndexSettings, resolve_config
-from lsp_server.documents import (ACCEPT_COMMAND, Snapshot, completion_item, in_notebook, inline_item, snapshot,
-                                  use_lsp_lines, with_selection)
+from lsp_server.documents import (ACCEPT_COMMAND, Snapshot, completion_item, in_notebook, inline_item,
+                                  notebook_json, snapshot, use_lsp_lines, with_selection)
 from lsp_server import metrics
 from lsp_server.monitor import Monitor, monitor_for
 from lsp_server.scheduler import Scheduler, Telemetry, rss_mb
@@ -376,9 +376,18 @@ class Draftline:
 
     def _overlay_due(self, uri: str) -> None:
         self._overlay_timers.pop(uri, None)
+        text = self.buffer_text(uri)
+        if text is not None:
+            self.index_touch(uri, text)
+
+    def buffer_text(self, uri: str) -> str | None:
+        """What the editor holds for ``uri``: a document's text, or an open notebook as notebook JSON
+        (the index reads its code cells out of it as it does from the file); None when neither is open."""
         doc = self.document(uri)
         if doc is not None:
-            self.index_touch(uri, doc.source)
+            return doc.source
+        notebook = self.ls.workspace.get_notebook_document(notebook_uri=uri)
+        return notebook_json(notebook, self.ls.workspace) if notebook is not None else None
 
     def index_touch(self, uri: str, text: str | None) -> None:
         if text is None:
@@ -652,6 +661,15 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
         notebook = ls.workspace.get_notebook_document(notebook_uri=uri)
         return [cell.document for cell in notebook.cells] if notebook is not None else []
 
+    # an open notebook's unsaved cells are indexed as an unsaved buffer's text is (the notebook's path)
+    @ls.feature(t.NOTEBOOK_DOCUMENT_DID_OPEN)
+    def notebook_did_open(params: t.DidOpenNotebookDocumentParams) -> None:
+        app.edited(params.notebook_document.uri, app.buffer_text(params.notebook_document.uri))
+
+    @ls.feature(t.NOTEBOOK_DOCUMENT_DID_SAVE)
+    def notebook_did_save(params: t.DidSaveNotebookDocumentParams) -> None:
+        app.index_touch(params.notebook_document.uri, None)
+
     @ls.feature(t.NOTEBOOK_DOCUMENT_DID_CHANGE)
     def notebook_did_change(params: t.DidChangeNotebookDocumentParams) -> None:
         # any cell's edit changes every cell's context: what runs for the notebook stops
@@ -662,12 +680,14 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
             app.scheduler.cancel(app.job_key(cell))
         for cell in removed:
             app.cache.forget(cell)
+        app.edited(params.notebook_document.uri, None, immediate=False)  # re-indexed once typing pauses
 
     @ls.feature(t.NOTEBOOK_DOCUMENT_DID_CLOSE)
     def notebook_did_close(params: t.DidCloseNotebookDocumentParams) -> None:
         for cell in params.cell_text_documents:
             app.scheduler.cancel(app.job_key(cell.uri))
             app.cache.forget(cell.uri)
+        app.index_touch(params.notebook_document.uri, None)  # back to the file on disk
 
     @ls.feature(t.WORKSPACE_DID_CHANGE_WATCHED_FILES)
     def did_change_watched_files(params: t.DidChangeWatchedFilesParams) -> None:

@@ -76,3 +76,37 @@ async def test_an_edit_in_another_cell_stops_the_cells_running_generation(client
     assert items(await asyncio.wait_for(fut, DEADLINE_S)) == []
     current = await wait_for(client, lambda s: s["generations"]["in_flight"] == 0)
     assert current["engine_cancelled"] == 1  # stopped by the edit, not run to its end
+
+
+async def test_an_open_notebooks_unsaved_cells_are_indexed_until_it_closes(client: LanguageClient, tmp_path):
+    import json
+
+    from tests.e2e.test_workspace import index_options
+
+    root = tmp_path / "ws"
+    root.mkdir()
+    on_disk = "import math\n"
+    notebook = root / "analysis.ipynb"
+    notebook.write_text(json.dumps({"cells": [{"cell_type": "code", "source": on_disk, "outputs": []}],
+                                    "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    options = index_options(tmp_path)
+    options["draftline"]["index"]["overlay_delay_ms"] = 50
+    await initialize(client, init_options=options, roots=(root,), notebooks=True)
+    disk = (await wait_for(client, lambda s: s["index"]["state"] == "ready" and s["index"]["pending"] == 0))["index"]
+    assert disk["files"] == 1 and disk["chars"] == len(on_disk.strip())  # its code cell, not its JSON
+
+    unsaved = "def freshly_typed_cell(value):\n    return value * 3\n"
+    uri = lambda i: f"vscode-notebook-cell:{root / 'analysis.ipynb'}#cell{i}"  # noqa: E731
+    cells = [t.NotebookCell(kind=t.NotebookCellKind.Code, document=uri(i)) for i in range(2)]
+    docs = [t.TextDocumentItem(uri=uri(0), language_id="python", version=1, text=on_disk),
+            t.TextDocumentItem(uri=uri(1), language_id="python", version=1, text=unsaved)]
+    client.notebook_document_did_open(t.DidOpenNotebookDocumentParams(cell_text_documents=docs,
+        notebook_document=t.NotebookDocument(uri=notebook.as_uri(), notebook_type="jupyter-notebook", version=1,
+                                             cells=cells)))
+    grown = len(unsaved.strip())
+    await wait_for(client, lambda s: s["index"]["chars"] >= disk["chars"] + grown and s["index"]["pending"] == 0)
+
+    client.notebook_document_did_close(t.DidCloseNotebookDocumentParams(
+        notebook_document=t.NotebookDocumentIdentifier(uri=notebook.as_uri()),
+        cell_text_documents=[t.TextDocumentIdentifier(uri=uri(i)) for i in range(2)]))
+    await wait_for(client, lambda s: s["index"]["chars"] == disk["chars"] and s["index"]["pending"] == 0)
