@@ -55,6 +55,13 @@ def session(monkeypatch, tmp_path, make, daemon_session: bool):
     return ls.draftline, shared
 
 
+async def settled(app) -> None:
+    """The slot is ready, whatever was queued on the engine thread has run, and its result reached the loop."""
+    await until(lambda: app.slot.state == "ready")
+    await app.scheduler.call(lambda: None)
+    await asyncio.sleep(0)
+
+
 def finish(app, shared) -> None:
     app.close()
     if shared is not None:
@@ -111,9 +118,7 @@ def test_loads_superseded_before_they_start_never_run_and_only_the_latest_instal
         for text in "BCB":
             app.configure(settings(text))
         gate.set()
-        await until(lambda: app.slot.state == "ready")
-        await app.scheduler.call(lambda: None)  # whatever was queued on the engine thread has run
-        await asyncio.sleep(0)  # and its result reached the loop
+        await settled(app)
 
     try:
         asyncio.run(run())
@@ -142,9 +147,7 @@ def test_switching_back_to_the_model_that_is_loading_keeps_its_load(monkeypatch,
         app.configure(settings("B"))
         app.configure(settings("A"))  # back to the model whose load is running
         gate.set()
-        await until(lambda: app.slot.state == "ready")
-        await app.scheduler.call(lambda: None)
-        await asyncio.sleep(0)
+        await settled(app)
 
     try:
         asyncio.run(run())
@@ -162,9 +165,7 @@ def test_switches_made_before_any_load_starts_load_the_last_model_once(monkeypat
     async def run():
         for text in "ABA":  # in one go: no load has started when the last switch is made
             app.configure(settings(text))
-        await until(lambda: app.slot.state == "ready")
-        await app.scheduler.call(lambda: None)
-        await asyncio.sleep(0)
+        await settled(app)
 
     try:
         asyncio.run(run())
