@@ -238,6 +238,7 @@ class Engine:
         " return", so a prompt ending in the token "\n    " is one the model rarely saw; and only
         healing its last space keeps " return" possible: such a token is replaced by its text minus
         the last space (when that is one token, "\n   "), and the first token must start with " ".
+        Tab indentation alike: "\n\t\t\t" becomes "\n\t\t" and a first token starting with "\t".
         FIM templates end the prompt with their middle token and are left alone.
         """
         if self.template.order != "none" or len(tokens) < 2 or tokens[-1] in self.eos:
@@ -249,10 +250,10 @@ class Engine:
         if not heal or "\ufffd" in heal or tokens[-1] in special or self._stable_boundary(tokens[-1], heal):
             return tokens, "", None
         tokens = tokens[:-1]
-        if len(heal) > 1 and heal.endswith(" "):
+        if len(heal) > 1 and heal[-1] in " \t":  # a tab too: SmolLM2 writes "\n\t\t\tif" as "\n\t\t" + "\t" + "if"
             head = self.target.tokenizer.encode(heal[:-1], add_special_tokens=False)
             if len(head) == 1:
-                tokens, heal = tokens + head, " "
+                tokens, heal = tokens + head, heal[-1]
         allowed = self._healing.get(heal)
         if allowed is None:
             ids = [i for i, t in enumerate(self._token_texts) if t.startswith(heal) and i not in special]

@@ -92,6 +92,19 @@ def test_token_healing_on_a_fresh_indented_line(engine):
     assert res.text.startswith("return") and "width" in res.text
 
 
+def test_token_healing_on_a_fresh_tab_indented_line(engine):
+    """Tabs as spaces: SmolLM2 writes "\n\t\tif" as "\n\t" + "\t" + "if"; healed on the whole "\n\t\t" token
+    the first token had to start with both tabs, and the answer came one tab deeper."""
+    tok = engine.target.tokenizer
+    prefix = "def check(items):\n\tfor item in items:\n\t\tif item is None:\n\t\t\tcontinue\n\t\t"
+    req = CompletionRequest(prefix=prefix, path="check.py", mode="single-line", limits=Limits(max_tokens=16, max_lines=1))
+    tokens, healed, allowed = engine._heal(engine.prompts.build(req).tokens)
+    assert healed == "\t" and tok.decode(tokens[-1:]) == "\n\t"
+    engine.forget()
+    res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
+    assert res.text.strip() and not res.text.startswith(("\t", " ", "\n")), repr(res.text)
+
+
 @pytest.mark.skipif(not __import__("engine.eagle", fromlist=["SHIPPED"]).SHIPPED.is_file(),
                     reason="this build ships no EAGLE draft")
 def test_the_shipped_eagle_draft_drafts_for_it_losslessly():
