@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import os
 import re
 from collections.abc import Sequence
 
@@ -79,7 +80,7 @@ def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int 
         text = cut_at_scope_end(text, prefix)
         if max_lines:
             text = "\n".join(text.split("\n")[:max_lines])
-    text = drop_suffix_overlap(text, suffix, prefix)
+    text = drop_suffix_overlap(text, suffix, prefix, language)
     text = balance_brackets(text, suffix, prefix, language)
     text = _trim_trailing_blank(text)
     return text.replace("\n", "\r\n") if crlf else text
@@ -122,11 +123,25 @@ def _only_closers(line: str) -> bool:
     return bool(stripped) and set(stripped) <= CLOSER_LINE_CHARS and any(c in CLOSERS for c in stripped)
 
 
-def drop_suffix_overlap(text: str, suffix: str, prefix: str = "") -> str:
+def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str = "") -> str:
     """Cut where the completion meets the code that already follows the cursor."""
-    rest_of_line = suffix.split("\n", 1)[0].strip()
-    lines = text.split("\n")
+    raw_rest = suffix.split("\n", 1)[0]
+    rest_of_line = raw_rest.strip()
     line_before = prefix.rsplit("\n", 1)[-1]
+    if rest_of_line:
+        # A left-to-right model never saw the text after the cursor and often writes it again: an
+        # answer that starts by retyping it adds nothing insertable at the cursor (`tot|alx` + `al`
+        # gave `totalalx`).
+        same = len(os.path.commonprefix([text, raw_rest]))
+        if same and (same in (len(text), len(raw_rest)) or same >= 3):
+            return ""
+        # The rest of the line closes what the cursor is in (an editor's auto-closed pair: `f(|)`,
+        # `"|"`, `{|}"`): the answer ends where it first closes that at its own top level, and the
+        # line's closer does it (`f"{` + `name}!"` + `}"` was `{name}!"}"`).
+        cut = _cut_at_closer(text, rest_of_line[0], line_before)
+        if cut is not None:
+            return cut
+    lines = text.rstrip("\n").split("\n")  # a trailing newline (a forced multi-line answer) is no line
     if rest_of_line and len(lines) == 1:
         body = text.rstrip()
         if set(rest_of_line) <= set(CLOSERS) | {" ", "\t"}:
@@ -139,12 +154,20 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "") -> str:
             # the cursor's line opened (odd count before it), so the suffix's quote closes it instead.
             if rest_of_line not in QUOTES or _count_quote(line_before + body[:-1], rest_of_line) % 2:
                 return body[:-1]
+    lines = text.split("\n")
     if rest_of_line:
         anchor = rest_of_line
     else:
         # The next code line, indentation kept: a later line of the completion repeats it only at the
         # same indent (``return None`` inside a new ``if`` body is new code, not the suffix's line).
         anchor = _first_code_line(suffix.split("\n", 1)[1] if "\n" in suffix else "")
+        if _only_closers(anchor):
+            # The block's closing line (`  }`) follows: the completion's same line at the same indent
+            # closes that block again, unless it closes a bracket the completion itself opened.
+            for i, line in enumerate(lines[1:], start=1):
+                if line.rstrip() == anchor and not open_brackets("\n".join(lines[:i]), language):
+                    return "\n".join(lines[:i])
+            return text
     if len(anchor.strip()) < 2:
         return text
     for i, line in enumerate(lines):
@@ -154,6 +177,48 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "") -> str:
         elif (line.strip() if rest_of_line else line.rstrip()) == anchor:
             return "\n".join(lines[:i])
     return text
+
+
+def _cut_at_closer(text: str, closer: str, line_before: str) -> str | None:
+    """``text`` up to where it first closes ``closer`` at its own top level (a bracket outside its own
+    strings and brackets, with the closers right after it; a quote: before the first unescaped one,
+    only where the cursor's line opened that string), or None where it never does or ``closer`` is
+    neither."""
+    if closer in QUOTES:
+        if _count_quote(line_before, closer) % 2 == 0:
+            return None  # the cursor is not inside such a string
+        escaped = False
+        for i, c in enumerate(text):
+            if c == "\n":
+                return None
+            if c == closer and not escaped:
+                return text[:i]
+            escaped = c == "\\" and not escaped
+        return None
+    if closer not in CLOSERS:
+        return None
+    depth, quote, escaped = 0, "", False
+    for i, c in enumerate(text):
+        if quote:
+            if c == quote and not escaped:
+                quote = ""
+            escaped = c == "\\" and not escaped
+        elif c in QUOTES:
+            quote = c
+        elif c in OPENERS:
+            depth += 1
+        elif c in CLOSERS:
+            if depth == 0:
+                if c != closer:
+                    return None  # another kind first: leave it to the other rules
+                # with the closers that follow it: balance_brackets weighs them against the line's
+                # (`foo(bar(|)` + `x)).strip()`: both are needed, one of them is the line's)
+                end = i
+                while end < len(text) and text[end] in CLOSERS:
+                    end += 1
+                return text[:end]
+            depth -= 1
+    return None
 
 
 def _count_quote(line: str, quote: str) -> int:

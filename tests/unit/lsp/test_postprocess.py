@@ -126,6 +126,38 @@ def test_openers_that_are_open_after_lines_at_their_indent(language, prefix, tex
     assert postprocess(text, prefix, suffix, mode, language=language) == expected
 
 
+@pytest.mark.parametrize(
+    "language, prefix, text, suffix, mode, expected",
+    [
+        # the block's closing line follows the cursor: the completion's same line would close it twice
+        ("javascript", "function count(items) {\n  let n = 0;\n  if (items) {\n    ", "n++;\n  }", "\n  }\n  return n;\n}\n",
+         "multi-line", "n++;"),
+        ("c", "int sum(int *a, int n) {\n    for (int i = 0; i < n; i++) {\n        ", "s += a[i];\n    }",
+         "\n    }\n    return s;\n}\n", "multi-line", "s += a[i];"),
+        ("go", "func sum(xs []int) int {\n\tfor _, x := range xs {\n\t\t", "s += x\n\t}", "\n\t}\n\treturn s\n}\n",
+         "multi-line", "s += x"),
+        # unless it closes a block the completion opened itself
+        ("javascript", "function f() {\n  if (x) {\n    a();\n  ", "if (y) {\n    b();\n  }", "\n  }\n}\n",
+         "multi-line", "if (y) {\n    b();\n  }"),
+        # an answer that starts by retyping the text after the cursor adds nothing there
+        ("python", "def add(a, b):\n    return a + ", "b", "b\n", "single-line", ""),
+        ("python", "    return tot", "al", "alx\n", "single-line", ""),
+        ("python", "data = [0, 1, 1016, ", "1017, 1018, 1019, 1020, 1021", "1017, 1018, 1019, 1020]\n", "single-line", ""),
+        # an auto-closed pair after the cursor: the answer stops where it closes that pair itself
+        ("python", 'def hello(name):\n    return f"Hello, {', 'name}!"', '}"\n', "single-line", "name"),
+        ("python", 'def greet(name):\n    log.info("', 'Hello, {}!".format(name))', '")\n', "single-line", "Hello, {}!"),
+        ("python", "x = f(", "a, b).strip()", ")\n", "single-line", "a, b"),
+        ("python", "x = foo(bar(", "x)).strip()", ")\n", "single-line", "x)"),  # bar's ) is the line's, foo's is not
+        ("python", "x = f(", "g(y)", ")\n", "single-line", "g(y)"),  # closes only what it opened: kept
+        ("python", 'x = f(', '"a)b")', ")\n", "single-line", '"a)b"'),  # a closer in its own string does not count
+        # a forced multi-line answer with a trailing newline, mid-line: as a single line
+        ("python", 'def hello():\n    print("Hello, wor', 'ld!")\n', '")\n', "multi-line", "ld!"),
+    ],
+)
+def test_the_text_after_the_cursor_is_not_written_again(language, prefix, text, suffix, mode, expected):
+    assert postprocess(text, prefix, suffix, mode, language=language) == expected
+
+
 def test_a_quote_that_opens_a_string_is_kept():
     # before the completion's quote the line's strings are closed: it opens one, the suffix's does not close it
     assert postprocess('b"', 's = "a" + ', '"', "single-line") == 'b"'
