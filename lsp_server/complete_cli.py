@@ -50,7 +50,7 @@ def complete_file(path: Path, line: int, col: int, config: Config, retriever: Re
 
     ``workspace``: the workspace folder (paths and the repository name are shown relative to it);
     without it, the retriever's roots."""
-    text = path.read_text(encoding="utf-8", errors="replace")
+    text = path.read_bytes().decode("utf-8", errors="replace")  # line ends as they are (read_text makes CRLF LF)
     lines = lsp_lines(text)  # lines as an editor counts them (a form feed ends none)
     offset = sum(len(s) for s in lines[:line]) + min(col, len(lines[line].rstrip("\r\n")) if line < len(lines) else 0)
     roots = [workspace.resolve()] if workspace is not None else [Path(r) for r in getattr(retriever, "roots", ())]

@@ -272,6 +272,17 @@ def test_draftline_complete_names_the_workspace_in_the_request(tmp_path):
     assert complete_file(ws / "pkg" / "a.py", 1, 4, config).request.repo == ""  # no workspace: no name
 
 
+def test_draftline_complete_keeps_a_files_crlf_line_ends(tmp_path):
+    from lsp_server.complete_cli import complete_file
+    from lsp_server.config import resolve_config
+
+    (tmp_path / "a.py").write_bytes(b"x = 1\r\ny = \r\nz = 3\r\n")
+    config = resolve_config(client_settings={"model": {"target": "fake"}})
+    done = complete_file(tmp_path / "a.py", 1, 4, config)
+    assert done.request.prefix == "x = 1\r\ny = " and done.request.suffix.startswith("\r\nz = 3")
+    assert done.request.language == "python"
+
+
 def test_the_cache_key_keeps_its_parts_apart_and_names_the_workspace_folder():
     from dataclasses import replace
 
