@@ -140,13 +140,39 @@ def resolve_config(
     A workspace file comes with whatever repository was cloned, so it is not trusted like the rest:
     _workspace_layer drops what it may not set, and _distrust what a user's setting would do for a model
     it chose."""
-    user = read_toml(user_file or user_config_path())
-    workspace = [_workspace_layer(read_toml(root / WORKSPACE_FILE), root) for root in workspace_roots]
-    editor = [_unwrap(init_options), _unwrap(client_settings)]
+    user = _well_typed(read_toml(user_file or user_config_path()), Config)
+    workspace = [_well_typed(_workspace_layer(read_toml(root / WORKSPACE_FILE), root), Config)
+                 for root in workspace_roots]
+    editor = [_well_typed(_unwrap(init_options), Config), _well_typed(_unwrap(client_settings), Config)]
     merged = _merge([user, *workspace, *editor])
     if any(workspace) and _chosen_models(merged) != _chosen_models(_merge([user, *editor])):
         _distrust(merged)
     return _build(Config, merged)
+
+
+def _well_typed(layer: Mapping[str, Any], cls: type, where: str = "") -> dict[str, Any]:
+    """``layer`` without the values ``cls`` cannot take (null, or the wrong type): dropped before the
+    layers merge, so the layer below keeps its value. Merged, `debounce_ms = null` from an editor broke
+    every completion, `monitor.window_s = null` draftline/status, and `target = 7` replaced the user's
+    model with the default. Unknown keys stay (``_build`` warns about them)."""
+    defaults = cls()
+    names = {f.name for f in dataclasses.fields(cls)}
+    out: dict[str, Any] = {}
+    for key, value in layer.items():
+        if key not in names:
+            out[key] = value
+            continue
+        default = getattr(defaults, key)
+        if dataclasses.is_dataclass(default):
+            if isinstance(value, Mapping):
+                out[key] = _well_typed(value, type(default), f"{where}{key}.")
+                continue
+        elif default is None or _coerce(value, default) is not None:
+            out[key] = value  # a field without a type to check (None by default) takes what it is given
+            continue
+        log.warning("config %s%s: ignoring %r (not a %s)", where, key, value,
+                    "table" if dataclasses.is_dataclass(default) else type(default).__name__)
+    return out
 
 
 def _merge(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -35,3 +35,24 @@ def test_model_options_merge_key_by_key_across_layers(tmp_path: Path):
     settings = {"draftline": {"model": {"options": {"text": "second"}}}}
     config = resolve_config(user_file=tmp_path / "absent.toml", init_options=init, client_settings=settings)
     assert config.model.options == {"text": "second", "step_s": 0.2}
+
+
+def test_a_null_or_ill_typed_value_leaves_the_layer_below_in_force(tmp_path, caplog):
+    import logging
+
+    user = tmp_path / "user.toml"
+    user.write_text('[model]\ntarget = "my/model"\n[completion]\ndebounce_ms = 5.0\n[monitor]\nwindow_s = 30.0\n')
+    init = {"model": {"target": "fake"}, "completion": {"debounce_ms": 0, "prefix_chars": 3000}}
+    pushed = {"model": {"target": 7, "options": None}, "completion": {"debounce_ms": None, "prefix_chars": "many"},
+              "monitor": {"window_s": None}, "index": None}
+    with caplog.at_level(logging.WARNING, logger="lsp_server.config"):
+        cfg = resolve_config(user_file=user, init_options=init, client_settings=pushed)
+    assert cfg.model.target == "fake" and cfg.model.options == {}
+    assert cfg.completion.debounce_ms == 0 and cfg.completion.prefix_chars == 3000
+    assert cfg.monitor.window_s == 30.0 and cfg.index.enabled
+    for key in ("model.target", "model.options", "completion.debounce_ms", "completion.prefix_chars",
+                "monitor.window_s", "index"):
+        assert f"config {key}: ignoring" in caplog.text, key
+    # a null where no type is known (None by default) still clears the layer below: `draft = null`
+    cfg = resolve_config(user_file=user, init_options={"model": {"draft": "d"}}, client_settings={"model": {"draft": None}})
+    assert cfg.model.draft is None
