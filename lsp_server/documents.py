@@ -108,8 +108,8 @@ def snapshot(doc: TextDocument, line: int, character: int, roots: Sequence[Path]
     lines = doc.lines
     if line < 0 or character < 0 or line > len(lines):
         return None
-    if line == len(lines) and character > 0:
-        return None
+    if line == len(lines) and (character > 0 or (lines and not lines[-1].endswith(("\n", "\r")))):
+        return None  # one past the last line: only the empty line after a final line break exists
     line_text = lines[line].rstrip("\r\n") if line < len(lines) else ""
     # Past the end of a line means its end (LSP). Clamped here, in the client's units (UTF-16 by
     # default): pygls clamps such a position to one unit short of a last line without a newline.
@@ -210,17 +210,29 @@ def notebook_json(notebook: t.NotebookDocument, workspace: Workspace) -> str:
     return json.dumps({"cells": cells})
 
 
-def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str) -> Snapshot | None:
-    """The snapshot as if the completion-popup item ``text`` replaced ``rng`` (LSP 3.18 rule)."""
+def cursor(snap: Snapshot, line: int, doc: TextDocument) -> t.Position:
+    """The client position of a snapshot's cursor (a position past its line's end, clamped)."""
+    return t.Position(line=line, character=doc.position_codec.client_num_units(snap.before.rsplit("\n", 1)[-1]))
+
+
+def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str, position: t.Position | None = None) -> Snapshot | None:
+    """The snapshot as if the completion-popup item ``text`` replaced ``rng`` (LSP 3.18 rule); None for
+    a range that is not on the cursor's line around the cursor (LSP requires it to contain it)."""
     if rng.start.line != rng.end.line:
         return None
-    start = doc.offset_at_position(rng.start)
+    if position is not None and (rng.start.line != position.line or rng.start.character > position.character
+                                 or rng.end.character < position.character):
+        return None
+    # copies: pygls clamps a position it converts in place, and the client's range goes back in the item
+    start = doc.offset_at_position(t.Position(line=rng.start.line, character=rng.start.character))
     cut = len(snap.before) - start
     if cut < 0:
         return None
     # the item replaces the whole range, which may reach past the cursor (`pri|nt` with `print`): what
-    # follows is the text after the range's end
-    end = doc.offset_at_position(rng.end)
+    # follows is the text after the range's end (a range past the line's end: up to the line's end)
+    line_text = doc.lines[rng.end.line].rstrip("\r\n") if rng.end.line < len(doc.lines) else ""
+    end_char = min(rng.end.character, doc.position_codec.client_num_units(line_text))
+    end = doc.offset_at_position(t.Position(line=rng.end.line, character=end_char))
     after = doc.source[end:] if end >= len(snap.before) else snap.after
     return Snapshot(snap.uri, snap.version, snap.language, snap.path, snap.before[:start] + text, after)
 
@@ -235,6 +247,7 @@ def inline_item(snap: Snapshot, position: t.Position, text: str, selected: t.Sel
 
 def completion_item(doc, snap: Snapshot, position: t.Position, text: str) -> t.CompletionItem:
     """One item whose edit replaces the word being typed with word + completion (so it filters)."""
+    position = cursor(snap, position.line, doc)  # past the line's end: its end
     line = snap.before.rsplit("\n", 1)[-1]
     word = line[len(line.rstrip(WORD_CHARS)) :]
     start = t.Position(line=position.line, character=position.character - doc.position_codec.client_num_units(word))

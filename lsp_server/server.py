@@ -29,7 +29,7 @@ from lsp_server.engines import make_engine
 from lsp_server.index_handle import IndexHandle
 from lsp_server.suggestions import SuggestionCache
 from lsp_server.config import WORKSPACE_FILE, Config, IndexSettings, resolve_config
-from lsp_server.documents import (ACCEPT_COMMAND, Snapshot, completion_item, in_notebook, inline_item,
+from lsp_server.documents import (ACCEPT_COMMAND, Snapshot, completion_item, cursor, in_notebook, inline_item,
                                   notebook_json, snapshot, use_lsp_lines, with_selection)
 from lsp_server import metrics
 from lsp_server.monitor import Monitor, monitor_for
@@ -225,7 +225,7 @@ class Draftline:
         doc = self.document(uri)
         snap = doc and snapshot(doc, position.line, position.character, self.roots)
         if snap and selected is not None:
-            snap = with_selection(snap, doc, selected.range, selected.text)
+            snap = with_selection(snap, doc, selected.range, selected.text, position)
         if not snap:
             return None
         snap = in_notebook(snap, self.ls.workspace, self.roots)  # after with_selection: it works in the cell's offsets
@@ -624,9 +624,11 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
     async def inline_completion(params: t.InlineCompletionParams) -> t.InlineCompletionList:
         selected = params.context.selected_completion_info
         found = await app.suggest(params.text_document.uri, params.position, selected)
-        if found is None:
+        doc = app.document(params.text_document.uri)
+        if found is None or doc is None:
             return t.InlineCompletionList(items=[])
-        return t.InlineCompletionList(items=[inline_item(found[0], params.position, found[1], selected)])
+        at = params.position if selected else cursor(found[0], params.position.line, doc)  # past the end: the end
+        return t.InlineCompletionList(items=[inline_item(found[0], at, found[1], selected)])
 
     @ls.feature(t.TEXT_DOCUMENT_COMPLETION)
     async def completion(params: t.CompletionParams) -> t.CompletionList:

@@ -148,3 +148,26 @@ def test_a_documents_lines_are_split_once_per_text(monkeypatch):
     doc.apply_change(t.TextDocumentContentChangePartial(range=t.Range(start=t.Position(1, 5), end=t.Position(1, 5)),
                                                         text="0"))
     assert doc.source == "a = 1\nb = 20\n" and doc.lines == ("a = 1\n", "b = 20\n") and len(calls) == 2
+
+
+def test_positions_past_the_end_and_selection_ranges():
+    from lsprotocol import types as t
+
+    from lsp_server.documents import LspTextDocument, completion_item, with_selection
+
+    doc = LspTextDocument(URI, "def add(a, b):\n    return ab")
+    assert snapshot(doc, 2, 0, ()) is None  # no line break ends line 1: there is no line 2
+    assert snapshot(LspTextDocument(URI, "x = 1\n"), 1, 0, ()) is not None  # the empty line after one
+    snap = snapshot(doc, 1, 40, ())
+    item = completion_item(doc, snap, t.Position(line=1, character=40), "_total")
+    assert item.text_edit.range == t.Range(start=t.Position(line=1, character=11), end=t.Position(line=1, character=13))
+    # the popup's selected item: its range must hold the cursor, on the cursor's line
+    at = t.Position(line=1, character=13)
+    snap = snapshot(doc, 1, 13, ())
+    inside = t.Range(start=t.Position(line=1, character=11), end=t.Position(line=1, character=50))
+    chosen = with_selection(snap, doc, inside, "abs", at)
+    assert chosen is not None and chosen.before.endswith("return abs") and chosen.after == ""
+    assert inside.end.character == 50  # the client's range is not clamped in place (it goes back in the item)
+    for rng in (t.Range(start=t.Position(line=0, character=0), end=t.Position(line=0, character=3)),  # another line
+                t.Range(start=t.Position(line=1, character=4), end=t.Position(line=1, character=8))):  # before it
+        assert with_selection(snap, doc, rng, "x", at) is None
