@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote
 
 from lsprotocol import types as t
@@ -59,8 +61,16 @@ def language_id(path: str | Path) -> str:
     return _LANGUAGE_IDS.get(p.suffix.lstrip(".").lower(), "")
 
 
+_SERIALS = itertools.count(1)
+
+
 class LspTextDocument(TextDocument):
-    """pygls' document with LSP's lines (positions, edits and snapshots all go through ``lines``)."""
+    """pygls' document with LSP's lines (positions, edits and snapshots all go through ``lines``), and a
+    serial number per opening."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.serial = next(_SERIALS)
 
     _lines: tuple[str, tuple[str, ...]] | None = None  # (the source they were split from, the lines)
 
@@ -96,6 +106,7 @@ class Snapshot:
     before: str  # whole text before the cursor
     after: str  # whole text after the cursor
     file_uri: str = ""  # the file the text belongs to where that is not ``uri``: a notebook cell's notebook
+    serial: int = 0  # which opening of the document (LspTextDocument.serial): a reopened file restarts its versions
 
     @property
     def file(self) -> str | None:
@@ -123,6 +134,7 @@ def snapshot(doc: TextDocument, line: int, character: int, roots: Sequence[Path]
         path=relative_path(doc.uri, roots),
         before=source[:offset],
         after=source[offset:],
+        serial=getattr(doc, "serial", 0),
     )
 
 
@@ -195,8 +207,8 @@ def in_notebook(snap: Snapshot, workspace: Workspace, roots: Sequence[Path]) -> 
         return snap
     head = "".join(f"{source}\n\n" for source in before)
     tail = "".join(f"\n\n{source}" for source in after)
-    return Snapshot(snap.uri, snap.version, snap.language, relative_path(notebook.uri, roots), head + snap.before,
-                    snap.after + tail, file_uri=notebook.uri)
+    return replace(snap, path=relative_path(notebook.uri, roots), before=head + snap.before, after=snap.after + tail,
+                   file_uri=notebook.uri)
 
 
 def notebook_json(notebook: t.NotebookDocument, workspace: Workspace) -> str:
@@ -234,7 +246,7 @@ def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str, position: 
     end_char = min(rng.end.character, doc.position_codec.client_num_units(line_text))
     end = doc.offset_at_position(t.Position(line=rng.end.line, character=end_char))
     after = doc.source[end:] if end >= len(snap.before) else snap.after
-    return Snapshot(snap.uri, snap.version, snap.language, snap.path, snap.before[:start] + text, after)
+    return replace(snap, before=snap.before[:start] + text, after=after)
 
 
 def inline_item(snap: Snapshot, position: t.Position, text: str, selected: t.SelectedCompletionInfo | None):

@@ -197,9 +197,11 @@ class Draftline:
     def document(self, uri: str):
         return self.ls.workspace.text_documents.get(unquote(uri))
 
-    def is_current(self, uri: str, version: int) -> bool:
-        doc = self.document(uri)
-        return doc is not None and (doc.version or 0) == version
+    def is_current(self, snap: Snapshot) -> bool:
+        """Whether the document is still the one the snapshot was taken of: its version, and the same
+        opening of it (an editor closing and reopening a file starts again at version 1)."""
+        doc = self.document(snap.uri)
+        return doc is not None and (doc.version or 0) == snap.version and getattr(doc, "serial", 0) == snap.serial
 
     async def suggest(self, uri: str, position: t.Position, selected: t.SelectedCompletionInfo | None = None):
         """(snapshot, text) for a cursor, or None (empty answer). Never raises but CancelledError."""
@@ -249,7 +251,7 @@ class Draftline:
         context = context_for(snap, request, self.config.completion)
 
         def job(cancel):  # on the engine thread: never start for a version that already moved
-            return completer.complete(request, cancel, context) if self.is_current(snap.uri, snap.version) else None
+            return completer.complete(request, cancel, context) if self.is_current(snap) else None
 
         done = await self.scheduler.submit(self.job_key(snap.uri), job, self.config.completion.debounce_ms / 1e3)
         if done is not None and done.result is not None:
@@ -271,7 +273,7 @@ class Draftline:
             return ""
         if slot is not self.slot:
             return ""  # the old model's answer: neither shown nor remembered (the cache key has no model)
-        if not self.is_current(snap.uri, snap.version):
+        if not self.is_current(snap):
             self.telemetry.stale += 1
             return ""
         cache.remember(snap, request, done.text)

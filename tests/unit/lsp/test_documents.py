@@ -171,3 +171,25 @@ def test_positions_past_the_end_and_selection_ranges():
     for rng in (t.Range(start=t.Position(line=0, character=0), end=t.Position(line=0, character=3)),  # another line
                 t.Range(start=t.Position(line=1, character=4), end=t.Position(line=1, character=8))):  # before it
         assert with_selection(snap, doc, rng, "x", at) is None
+
+
+def test_a_reopened_document_is_not_the_one_a_snapshot_was_taken_of():
+    from lsprotocol import types as t
+    from pygls.workspace import Workspace
+
+    from lsp_server.server import build_server
+
+    ls = build_server()
+    ls.protocol._workspace = workspace = Workspace(None)
+    from lsp_server.documents import use_lsp_lines
+
+    use_lsp_lines(workspace)
+    item = t.TextDocumentItem(uri=URI, language_id="python", version=1, text="old = 1\n")
+    workspace.put_text_document(item)
+    snap = snapshot(ls.draftline.document(URI), 0, 3, ())
+    assert ls.draftline.is_current(snap)
+    workspace.remove_text_document(URI)  # closed and opened again: editors start over at version 1
+    workspace.put_text_document(t.TextDocumentItem(uri=URI, language_id="python", version=1, text="new = 2\n"))
+    assert not ls.draftline.is_current(snap)
+    assert ls.draftline.is_current(snapshot(ls.draftline.document(URI), 0, 3, ()))
+    ls.draftline.close()
