@@ -21,7 +21,7 @@ from lsprotocol import types as t
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import JsonRPCNotification, LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
-from pygls.exceptions import JsonRpcInvalidParams
+from pygls.exceptions import FeatureNotificationError, JsonRpcInvalidParams
 from pygls.uris import to_fs_path
 
 from lsp_server.completer import Completer, build_request, context_for
@@ -68,6 +68,18 @@ class DraftlineProtocol(LanguageServerProtocol):
             error = JsonRpcInvalidParams(f"invalid params for {data.get('method')}: {exc.__cause__ or exc}")
             self._send_response(data["id"], error=error.to_response_error())
             return JsonRPCNotification(method="$/draftline/answeredInvalid", jsonrpc="2.0", params=None)
+
+
+class DraftlineServer(LanguageServer):
+    """pygls' server, but a notification that fails is logged, not shown: pygls pops up "Error in
+    server: KeyError" in the editor for what is mostly a client's slip (a change to a document it never
+    opened, a cancel with an odd id), and the server goes on either way."""
+
+    def report_server_error(self, error: Exception, source: Any) -> None:
+        if source is FeatureNotificationError:
+            log.warning("a notification failed (ignored): %s: %s", type(error).__name__, error)
+            return
+        super().report_server_error(error, source)
 
 
 def model_label(model) -> str:
@@ -600,7 +612,7 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
     # notebooks (Jupyter in VS Code): every cell is synced, and a cell's completion sees the notebook's
     # other code cells (documents.in_notebook)
     notebooks = t.NotebookDocumentSyncOptions(notebook_selector=[t.NotebookDocumentFilterWithNotebook(notebook="*")])
-    ls = LanguageServer("draftline", "0.1.0", protocol_cls=DraftlineProtocol, notebook_document_sync=notebooks)
+    ls = DraftlineServer("draftline", "0.1.0", protocol_cls=DraftlineProtocol, notebook_document_sync=notebooks)
     app = Draftline(ls, user_config, shared)
     ls.draftline = app
 

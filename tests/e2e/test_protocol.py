@@ -123,3 +123,14 @@ async def test_a_form_feed_ends_no_line(client: LanguageClient):
     insert(client, t.Position(line=3, character=12), "b", version=2)  # after "return a"
     found = items(await client.text_document_inline_completion_async(inline_params(t.Position(line=3, character=13))))
     assert [i.insert_text for i in found] == [fake_text(text + "b")]
+
+
+async def test_a_clients_slip_in_a_notification_is_logged_not_shown(client: LanguageClient):
+    """A change to a document the client never opened (pygls: KeyError): the server goes on, and the
+    editor gets no "Error in server" pop-up for it."""
+    await initialize(client)
+    never = "file:///draftline-e2e/never-opened.py"
+    insert(client, t.Position(line=0, character=0), "x", version=2, uri=never)
+    open_doc(client, DOC)
+    assert items(await client.text_document_inline_completion_async(inline_params(end_of(DOC)))) != []
+    assert not [m for m in client.messages if m.type == t.MessageType.Error], client.messages
