@@ -21,7 +21,7 @@ from lsprotocol import types as t
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import JsonRPCNotification, LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
-from pygls.exceptions import FeatureNotificationError, JsonRpcInvalidParams
+from pygls.exceptions import FeatureNotificationError, JsonRpcInternalError, JsonRpcInvalidParams, JsonRpcInvalidRequest
 from pygls.uris import to_fs_path
 
 from lsp_server.completer import Completer, build_request, context_for
@@ -59,6 +59,15 @@ class DraftlineProtocol(LanguageServerProtocol):
         if self.writer is not None:
             self.writer.close()
 
+    def handle_message(self, message: Any) -> None:
+        """After ``shutdown`` a request gets an InvalidRequest error (LSP), not silence."""
+        if self._shutdown and getattr(message, "method", "") != t.EXIT and getattr(message, "id", None) is not None \
+                and hasattr(message, "method"):
+            error = JsonRpcInvalidRequest(f"{message.method}: the server is shutting down")
+            self._send_response(message.id, error=error.to_response_error())
+            return
+        super().handle_message(message)
+
     def structure_message(self, data: dict[str, Any]):
         try:
             return super().structure_message(data)
@@ -79,6 +88,8 @@ class DraftlineServer(LanguageServer):
         if source is FeatureNotificationError:
             log.warning("a notification failed (ignored): %s: %s", type(error).__name__, error)
             return
+        if source is JsonRpcInternalError:  # a write to the client failed: telling the client fails too
+            return  # (pygls then reported that failure, and so on: 9 MB of tracebacks after an `exit`)
         super().report_server_error(error, source)
 
 
@@ -771,5 +782,6 @@ def run_serve(args: Any) -> int:
         except KeyboardInterrupt:
             pass
         return 0
-    build_server(getattr(args, "config", None)).start_io()
-    return 0
+    ls = build_server(getattr(args, "config", None))
+    ls.start_io()
+    return 0 if ls.protocol._shutdown else 1  # LSP: `exit` without `shutdown` (or the client gone) is 1
