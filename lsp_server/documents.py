@@ -224,7 +224,8 @@ def notebook_json(notebook: t.NotebookDocument, workspace: Workspace) -> str:
 
 def cursor(snap: Snapshot, line: int, doc: TextDocument) -> t.Position:
     """The client position of a snapshot's cursor (a position past its line's end, clamped)."""
-    return t.Position(line=line, character=doc.position_codec.client_num_units(snap.before.rsplit("\n", 1)[-1]))
+    last = re.split(r"\r\n|\r|\n", snap.before[-100_000:])[-1]  # LSP's line ends (a bare \r too)
+    return t.Position(line=line, character=doc.position_codec.client_num_units(last))
 
 
 def with_selection(snap: Snapshot, doc: TextDocument, rng, text: str, position: t.Position | None = None) -> Snapshot | None:

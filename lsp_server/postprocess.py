@@ -17,6 +17,7 @@ CLOSER_LINE_CHARS = set(")]};, \t")
 # statement's end; one the completion ends with again is dropped (brackets: balance_brackets).
 CLOSING_CHARS = set("\"'`:;,")
 QUOTES = set("\"'`")
+_WORD_CHAR = re.compile(r"\w")
 # A one-line string literal or a bracket: brackets inside strings do not count as open.
 _STRINGS = r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
 _BRACKET_TOKENS = re.compile(_STRINGS + r"|[()\[\]{}]")
@@ -129,11 +130,19 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
     rest_of_line = raw_rest.strip()
     line_before = prefix.rsplit("\n", 1)[-1]
     if rest_of_line:
+        single = text.rstrip("\n").rstrip()
+        if ("\n" not in single and len(rest_of_line) > 1 and not set(rest_of_line) <= set(CLOSERS) | {" ", "\t"}
+                and single.endswith(rest_of_line) and single != rest_of_line):
+            return single[: -len(rest_of_line)]  # it closes with the line's own text: that is cut off its end
         # A left-to-right model never saw the text after the cursor and often writes it again: an
         # answer that starts by retyping it adds nothing insertable at the cursor (`tot|alx` + `al`
-        # gave `totalalx`).
+        # gave `totalalx`). Only where the shared part holds a word and does not end inside one
+        # (`if |self.ready:` + `self.enabled and ` is new code; closers are balance_brackets' to weigh).
         same = len(os.path.commonprefix([text, raw_rest]))
-        if same and (same in (len(text), len(raw_rest)) or same >= 3):
+        inside_word = (same < len(text) and same < len(raw_rest) and _WORD_CHAR.match(text[same])
+                       and _WORD_CHAR.match(raw_rest[same]))
+        if (same and _WORD_CHAR.search(raw_rest[:same]) and not inside_word
+                and (same in (len(text), len(raw_rest)) or same >= 3)):
             return ""
         # The rest of the line closes what the cursor is in (an editor's auto-closed pair: `f(|)`,
         # `"|"`, `{|}"`): the answer ends where it first closes that at its own top level, and the
@@ -185,8 +194,8 @@ def _cut_at_closer(text: str, closer: str, line_before: str) -> str | None:
     only where the cursor's line opened that string), or None where it never does or ``closer`` is
     neither."""
     if closer in QUOTES:
-        if _count_quote(line_before, closer) % 2 == 0:
-            return None  # the cursor is not inside such a string
+        if _count_quote(line_before, closer) % 2 == 0 or line_before.count(closer * 3) % 2:
+            return None  # the cursor is not inside such a string (or inside a triple-quoted one)
         escaped = False
         for i, c in enumerate(text):
             if c == "\n":

@@ -193,3 +193,13 @@ def test_a_reopened_document_is_not_the_one_a_snapshot_was_taken_of():
     assert not ls.draftline.is_current(snap)
     assert ls.draftline.is_current(snapshot(ls.draftline.document(URI), 0, 3, ()))
     ls.draftline.close()
+
+
+def test_the_cursor_of_a_snapshot_counts_lsp_line_ends():
+    from lsprotocol import types as t
+
+    from lsp_server.documents import LspTextDocument, cursor
+
+    doc = LspTextDocument(URI, "a = 1\rb = 2")  # a bare \r ends a line too
+    snap = snapshot(doc, 1, 3, ())
+    assert snap.before == "a = 1\rb =" and cursor(snap, 1, doc) == t.Position(line=1, character=3)

@@ -150,6 +150,19 @@ def test_openers_that_are_open_after_lines_at_their_indent(language, prefix, tex
         ("python", "x = foo(bar(", "x)).strip()", ")\n", "single-line", "x)"),  # bar's ) is the line's, foo's is not
         ("python", "x = f(", "g(y)", ")\n", "single-line", "g(y)"),  # closes only what it opened: kept
         ("python", 'x = f(', '"a)b")', ")\n", "single-line", '"a)b"'),  # a closer in its own string does not count
+        # closers shared with the rest are not retyping: balance_brackets weighs them
+        ("python", "print(len(x", "))", ")\n", "single-line", ")"),
+        ("c", "if (foo(x", ")", ") {\n", "single-line", ")"),
+        # new code before an existing word: kept (the shared part ends inside a word, or holds none)
+        ("python", "if ", "self.enabled and x", "self.ready:\n", "single-line", "self.enabled and x"),
+        ("python", "foo(self.a", ", self.c", ", self.b)\n", "single-line", ", self.c"),
+        ("python", "if ", "not y and x", "not x:\n", "single-line", "not y and x"),
+        # an answer closing the string with the line's own text and going on: that text is cut off its end
+        ("python", 'f = open("data.csv', '", "w")', '")\n', "single-line", '", "w'),  # open("data.csv", "w")
+        ("python", 'print("hello', '", end="")', '")\n', "single-line", '", end="'),
+        # inside a triple-quoted string a lone quote closes nothing
+        ("python", '    """', 'Return the "best" match.', '"""\n', "single-line", 'Return the "best" match.'),
+        ("python", "    '''", "Don't stop.", "'''\n", "single-line", "Don't stop."),
         # a forced multi-line answer with a trailing newline, mid-line: as a single line
         ("python", 'def hello():\n    print("Hello, wor', 'ld!")\n', '")\n', "multi-line", "ld!"),
     ],
