@@ -252,7 +252,8 @@ class Engine:
         tokens = tokens[:-1]
         if len(heal) > 1 and heal[-1] in " \t":  # a tab too: SmolLM2 writes "\n\t\t\tif" as "\n\t\t" + "\t" + "if"
             head = self.target.tokenizer.encode(heal[:-1], add_special_tokens=False)
-            if len(head) == 1:
+            # that very text as one token (a SentencePiece encoder may add a leading space of its own)
+            if len(head) == 1 and head[0] < len(self._token_texts) and self._token_texts[head[0]] == heal[:-1]:
                 tokens, heal = tokens + head, heal[-1]
         allowed = self._healing.get(heal)
         if allowed is None:
