@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pygls.workspace import TextDocument
 
-from lsp_server.documents import snapshot
+from lsp_server.documents import lsp_lines, snapshot
 
 URI = "file:///ws/demo.py"
 
@@ -203,3 +203,29 @@ def test_the_cursor_of_a_snapshot_counts_lsp_line_ends():
     doc = LspTextDocument(URI, "a = 1\rb = 2")  # a bare \r ends a line too
     snap = snapshot(doc, 1, 3, ())
     assert snap.before == "a = 1\rb =" and cursor(snap, 1, doc) == t.Position(line=1, character=3)
+
+
+def test_the_ascii_shortcut_converts_positions_as_pygls_does():
+    import random
+
+    from lsprotocol import types as t
+    from pygls.workspace.position_codec import PositionCodec
+
+    from lsp_server.documents import AsciiFastCodec
+
+    rng = random.Random(7)
+    pieces = ["a", "b", " ", "\t", "(", "é", "中", "😀", "\r\n", "\n", "\r"]
+    for encoding in ("utf-8", "utf-16", "utf-32"):
+        fast, slow = AsciiFastCodec(encoding), PositionCodec(encoding)
+        for _ in range(400):
+            text = "".join(rng.choice(pieces[:5] if rng.random() < 0.7 else pieces) for _ in range(rng.randrange(0, 30)))
+            lines = lsp_lines(text)
+            line, character = rng.randrange(-1, len(lines) + 2), rng.randrange(0, 40)
+            if line < 0:
+                continue
+            a, b = t.Position(line=line, character=character), t.Position(line=line, character=character)
+            assert fast.position_from_client_units(lines, a) == slow.position_from_client_units(lines, b), (text, line, character)
+            assert a == b  # pygls clamps a position past the end in place; so does the shortcut
+            assert fast.position_to_client_units(lines, a) == slow.position_to_client_units(lines, b)
+            segment = lines[line] if line < len(lines) else text
+            assert fast.client_num_units(segment) == slow.client_num_units(segment)
