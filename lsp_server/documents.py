@@ -251,7 +251,8 @@ def notebook_json(notebook: t.NotebookDocument, workspace: Workspace) -> str:
 
 def cursor(snap: Snapshot, line: int, doc: TextDocument) -> t.Position:
     """The client position of a snapshot's cursor (a position past its line's end, clamped)."""
-    last = re.split(r"\r\n|\r|\n", snap.before[-100_000:])[-1]  # LSP's line ends (a bare \r too)
+    before = snap.before
+    last = before[max(before.rfind("\n"), before.rfind("\r")) + 1 :]  # LSP's line ends (a bare \r too)
     return t.Position(line=line, character=doc.position_codec.client_num_units(last))
 
 
