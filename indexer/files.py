@@ -51,8 +51,14 @@ def notebook_code(text: str) -> str | None:
         source = cell.get("source", "")
         source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else source
         if isinstance(source, str) and source.strip():
-            out.append(source.rstrip("\n") + "\n\n")
+            out.append(notebook_cell(source))
     return "".join(out)
+
+
+def notebook_cell(source: str) -> str:
+    """One code cell as a notebook's text shows it, here and in the server's prompt: its source, then a
+    blank line (lines before a cell's cursor then count the same in both, for retrieval's own-file check)."""
+    return source.rstrip("\n") + "\n\n"
 
 
 def is_notebook(path: str) -> bool:

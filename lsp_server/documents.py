@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from indexer.files import notebook_cell
 from lsprotocol import types as t
 from lsprotocol.types import Position
 from pygls.uris import to_fs_path
@@ -229,11 +230,11 @@ def in_notebook(snap: Snapshot, workspace: Workspace, roots: Sequence[Path]) -> 
         doc = workspace.text_documents.get(unquote(cell.document))
         if cell.kind != t.NotebookCellKind.Code or doc is None or (doc.language_id or "") != snap.language:
             continue
-        (after if seen else before).append(doc.source.rstrip("\n"))
+        (after if seen else before).append(doc.source)
     if not seen:
         return snap
-    head = "".join(f"{source}\n\n" for source in before)
-    tail = "".join(f"\n\n{source}" for source in after)
+    head = "".join(notebook_cell(source) for source in before)
+    tail = "".join("\n\n" + source.rstrip("\n") for source in after)
     return replace(snap, path=relative_path(notebook.uri, roots), before=head + snap.before, after=snap.after + tail,
                    file_uri=notebook.uri)
 
