@@ -55,6 +55,20 @@ def session(monkeypatch, tmp_path, make, daemon_session: bool):
     return ls.draftline, shared
 
 
+def first_load_held():
+    """(loads, gate, make): ``make`` records each model it loads; the first load waits for ``gate``."""
+    loads: list[str] = []
+    gate = threading.Event()
+
+    def make(model):
+        loads.append(model.options["text"])
+        if len(loads) == 1:
+            gate.wait(10)
+        return FakeEngine(text=model.options["text"])
+
+    return loads, gate, make
+
+
 async def settled(app) -> None:
     """The slot is ready, whatever was queued on the engine thread has run, and its result reached the loop."""
     await until(lambda: app.slot.state == "ready")
@@ -101,15 +115,7 @@ def test_the_old_models_answer_after_a_switch_is_neither_shown_nor_cached(monkey
 @pytest.mark.parametrize("daemon_session", [False, True], ids=["stdio", "daemon"])
 def test_loads_superseded_before_they_start_never_run_and_only_the_latest_installs(monkeypatch, tmp_path,
                                                                                     daemon_session):
-    loads: list[str] = []
-    gate = threading.Event()
-
-    def make(model):
-        loads.append(model.options["text"])
-        if len(loads) == 1:
-            gate.wait(10)  # the first load lasts until every switch below was made
-        return FakeEngine(text=model.options["text"])
-
+    loads, gate, make = first_load_held()  # the first load lasts until every switch below was made
     app, shared = session(monkeypatch, tmp_path, make, daemon_session)
 
     async def run():
@@ -130,15 +136,7 @@ def test_loads_superseded_before_they_start_never_run_and_only_the_latest_instal
 
 @pytest.mark.parametrize("daemon_session", [False, True], ids=["stdio", "daemon"])
 def test_switching_back_to_the_model_that_is_loading_keeps_its_load(monkeypatch, tmp_path, daemon_session):
-    loads: list[str] = []
-    gate = threading.Event()
-
-    def make(model):
-        loads.append(model.options["text"])
-        if len(loads) == 1:
-            gate.wait(10)  # A's load lasts until every switch below was made
-        return FakeEngine(text=model.options["text"])
-
+    loads, gate, make = first_load_held()  # the first load lasts until every switch below was made
     app, shared = session(monkeypatch, tmp_path, make, daemon_session)
 
     async def run():
