@@ -63,10 +63,10 @@ def build_request(snap: Snapshot, cfg: CompletionConfig, roots: Sequence[Path] =
     prompt where the model's template has a repository header (Qwen2.5-Coder, StarCoder2; SmolLM2's
     measured better without one: engine.prompt.SMOLLM).
     """
-    mode = postprocess.choose_mode(snap.before, snap.after, cfg.mode)
+    mode = postprocess.choose_mode(snap.before, snap.after, cfg.mode, snap.language)
     max_lines = 1 if mode == "single-line" else cfg.max_lines_multi
     # multi-line: the engine stops as soon as a line leaves the cursor's scope (what postprocess cuts anyway)
-    min_indent = postprocess.scope_min_indent(snap.before) if mode == "multi-line" else -1
+    min_indent = postprocess.scope_min_indent(snap.before, snap.language) if mode == "multi-line" else -1
     limits = Limits(max_tokens=cfg.max_tokens, max_lines=max_lines, time_budget_s=cfg.time_budget_s,
                     min_indent=min_indent)
     prefix = prefix_window(snap.before, cfg.prefix_chars, cfg.window_quantum)

@@ -12,6 +12,15 @@ from engine.types import Mode
 OPENERS = {"(": ")", "[": "]", "{": "}"}
 CLOSERS = {v: k for k, v in OPENERS.items()}
 BLOCK_OPENERS = (":", "{", "(", "[", "=>", "->")
+# Languages whose blocks open with a keyword (LSP language ids): a cursor line that matches (stripped) opens
+# a block too. Ruby's `if`/`def`/... open one at the start of a line (`x if y` is a modifier), not where
+# the line ends the block again (`def to_s; name; end`).
+_KEYWORD_OPENERS = {
+    "lua": re.compile(r"\b(?:then|do|else|repeat)$|\bfunction\b[\w.:\s]*\([^()]*\)$"),
+    "shellscript": re.compile(r"(?:^|[\s;])(?:then|do|else)$|^case\b.*\bin$"),
+    "ruby": re.compile(r"\bdo(?:\s*\|[^|]*\|)?$|\{\s*\|[^|]*\|$|^(?:else|ensure)$"
+                       r"|^(?:def|class|module|if|unless|while|until|case|for|begin|elsif|when|rescue)\b(?!.*\bend$)"),
+}
 CLOSER_LINE_CHARS = set(")]};, \t")
 # A rest of line made of one of these is the closing half of a pair (an editor's auto-close) or a
 # statement's end; one the completion ends with again is dropped (brackets: balance_brackets).
@@ -50,8 +59,19 @@ def _bracket_tokens(language: str) -> re.Pattern[str]:
     return _TOKENS_BY_LANGUAGE.get(language.lower(), _BRACKET_TOKENS)
 
 
-def choose_mode(prefix: str, suffix: str, setting: str = "auto") -> Mode:
-    """single-line mid-line; multi-line after a block opener or on an empty line (``auto``)."""
+def opens_block(line: str, language: str = "") -> bool:
+    """Whether ``line`` ends with a block opener: a bracket, ``:``, an arrow, or a keyword of ``language``'s."""
+    stripped = line.strip()
+    if stripped.endswith(BLOCK_OPENERS):
+        return True
+    keywords = _KEYWORD_OPENERS.get(language.lower())
+    return bool(keywords and keywords.search(stripped))
+
+
+def choose_mode(prefix: str, suffix: str, setting: str = "auto", language: str = "") -> Mode:
+    """single-line mid-line; multi-line after a block opener or on an empty line (``auto``).
+
+    ``language``: an LSP language id (its keyword block openers: Lua's ``then``, Ruby's ``do |x|``)."""
     if setting == "single":
         return "single-line"
     if setting == "multi":
@@ -60,7 +80,7 @@ def choose_mode(prefix: str, suffix: str, setting: str = "auto") -> Mode:
     line_after = suffix.split("\n", 1)[0]
     if line_after.strip():
         return "single-line"
-    if not line_before.strip() or line_before.rstrip().endswith(BLOCK_OPENERS):
+    if not line_before.strip() or opens_block(line_before, language):
         return "multi-line"
     return "single-line"
 
@@ -78,7 +98,7 @@ def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int 
     if mode == "single-line":
         text = text.split("\n", 1)[0]
     else:
-        text = cut_at_scope_end(text, prefix)
+        text = cut_at_scope_end(text, prefix, suffix, language)
         if max_lines:
             text = "\n".join(text.split("\n")[:max_lines])
     text = drop_suffix_overlap(text, suffix, prefix, language)
@@ -91,29 +111,34 @@ def indent_of(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def scope_min_indent(prefix: str) -> int:
+def scope_min_indent(prefix: str, language: str = "") -> int:
     """The least indentation a later line of the completion may have and still be in the cursor's scope.
 
     The cursor line's indentation (on a whitespace-only line: the block the typed indent puts us in),
-    one more after a block opener. The engine stops on the same rule (``Limits.min_indent``).
+    one more after a block opener (``language``'s keywords included). The engine stops on the same
+    rule (``Limits.min_indent``).
     """
     cursor_line = prefix.rsplit("\n", 1)[-1]
     base = indent_of(cursor_line)
-    return base + 1 if cursor_line.rstrip().endswith(BLOCK_OPENERS) else base
+    return base + 1 if opens_block(cursor_line, language) else base
 
 
-def cut_at_scope_end(text: str, prefix: str) -> str:
+def cut_at_scope_end(text: str, prefix: str, suffix: str = "", language: str = "") -> str:
     """Stop before the first line that dedents out of the cursor's block.
 
-    A dedented line made only of closing brackets is kept (it closes the block) and ends the text.
+    A dedented line made only of closing brackets is kept (it closes the block) and ends the text,
+    unless the code after the cursor goes on inside the block: the block's closer is in the file
+    then, and the answer's would close it early.
     """
-    min_indent = scope_min_indent(prefix)
+    min_indent = scope_min_indent(prefix, language)
+    after = _first_code_line(suffix.split("\n", 1)[1] if "\n" in suffix else "")
+    block_goes_on = bool(after) and indent_of(after) >= min_indent
     lines = text.split("\n")
     for i, line in enumerate(lines[1:], start=1):
         if not line.strip():
             continue
         if indent_of(line) < min_indent:
-            if _only_closers(line):
+            if _only_closers(line) and not block_goes_on:
                 return "\n".join(lines[: i + 1])
             return "\n".join(lines[:i])
     return text
@@ -147,7 +172,7 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
         # The rest of the line closes what the cursor is in (an editor's auto-closed pair: `f(|)`,
         # `"|"`, `{|}"`): the answer ends where it first closes that at its own top level, and the
         # line's closer does it (`f"{` + `name}!"` + `}"` was `{name}!"}"`).
-        cut = _cut_at_closer(text, rest_of_line[0], line_before)
+        cut = _cut_at_closer(text, rest_of_line[0], line_before, language)
         if cut is not None:
             return cut
     lines = text.rstrip("\n").split("\n")  # a trailing newline (a forced multi-line answer) is no line
@@ -188,11 +213,11 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
     return text
 
 
-def _cut_at_closer(text: str, closer: str, line_before: str) -> str | None:
+def _cut_at_closer(text: str, closer: str, line_before: str, language: str = "") -> str | None:
     """``text`` up to where it first closes ``closer`` at its own top level (a bracket outside its own
-    strings and brackets, with the closers right after it; a quote: before the first unescaped one,
-    only where the cursor's line opened that string), or None where it never does or ``closer`` is
-    neither."""
+    strings, comments (by ``language``) and brackets, with the closers right after it; a quote: before
+    the first unescaped one, only where the cursor's line opened that string), or None where it never
+    does or ``closer`` is neither."""
     if closer in QUOTES:
         if _count_quote(line_before, closer) % 2 == 0 or line_before.count(closer * 3) % 2:
             return None  # the cursor is not inside such a string (or inside a triple-quoted one)
@@ -206,27 +231,21 @@ def _cut_at_closer(text: str, closer: str, line_before: str) -> str | None:
         return None
     if closer not in CLOSERS:
         return None
-    depth, quote, escaped = 0, "", False
-    for i, c in enumerate(text):
-        if quote:
-            if c == quote and not escaped:
-                quote = ""
-            escaped = c == "\\" and not escaped
-        elif c in QUOTES:
-            quote = c
-        elif c in OPENERS:
+    depth = 0
+    for i, c in _code_brackets(text, language):
+        if c in OPENERS:
             depth += 1
-        elif c in CLOSERS:
-            if depth == 0:
-                if c != closer:
-                    return None  # another kind first: leave it to the other rules
-                # with the closers that follow it: balance_brackets weighs them against the line's
-                # (`foo(bar(|)` + `x)).strip()`: both are needed, one of them is the line's)
-                end = i
-                while end < len(text) and text[end] in CLOSERS:
-                    end += 1
-                return text[:end]
+        elif depth:
             depth -= 1
+        elif c != closer:
+            return None  # another kind first: leave it to the other rules
+        else:
+            # with the closers that follow it: balance_brackets weighs them against the line's
+            # (`foo(bar(|)` + `x)).strip()`: both are needed, one of them is the line's)
+            end = i
+            while end < len(text) and text[end] in CLOSERS:
+                end += 1
+            return text[:end]
     return None
 
 
@@ -250,24 +269,61 @@ def balance_brackets(text: str, suffix: str, prefix: str = "", language: str = "
     together beyond the brackets left open before them (by the prefix and the completion) -- in
     ``foo(bar(`` + ``x)`` + ``)`` both closers are needed. A ``,``/``;`` after a kept closer stays.
     """
-    trailing = _trailing_unmatched_closers(text)  # [(index, char)] in text order
+    trailing = _trailing_unmatched_closers(text, language)  # [(index, char)] in text order
     if not trailing:
         return text
     ahead = "".join(c for c in _leading_closer_run(suffix) if c in CLOSERS)
     chars = "".join(c for _, c in trailing)
     # Scanned as one text: a string the prefix opens may be closed by the completion.
     stack = open_brackets(prefix + text[: trailing[0][0]], language)
-    # The closers that close something: from the innermost opener out, while the kinds match (a
-    # function's `{` stays open after a line's `)`s).
-    needed = 0
-    for c in chars + ahead:
-        if needed == len(stack) or stack[-1 - needed] != CLOSERS[c]:
-            break
-        needed += 1
-    for j in range(min(len(chars), len(ahead), len(chars) + len(ahead) - needed), 0, -1):
+    # The file's closers after the cursor close the innermost openers first: the line's (an auto-closed
+    # `Item{|}` closes that `{`), then the later lines' (the function's `}`). Where they do, the
+    # completion's closers count only against what they leave open (`Item{` + `ID: 1}` + `}` in a
+    # function: none). Where the first does not (the editor closed only the outer pairs: `g([h(|])`),
+    # the completion's close first, as written.
+    closed = _closing(_unmatched_closers(suffix, language), stack)
+    if closed:
+        extra = len(chars) - _closing(chars, stack[: len(stack) - closed])
+    else:
+        extra = len(chars) + len(ahead) - _closing(chars + ahead, stack)
+    for j in range(min(len(chars), len(ahead), extra), 0, -1):
         if chars[-j:] == ahead[:j]:
             return text[: trailing[-j][0]].rstrip(" \t")
     return text
+
+
+def _closing(closers: Sequence[str], stack: Sequence[str]) -> int:
+    """How many of ``closers`` close the openers of ``stack`` in turn, from the innermost out, while the
+    kinds match (a function's `{` stays open after a line's `)`s)."""
+    n = 0
+    for c in closers:
+        if n == len(stack) or stack[-1 - n] != CLOSERS[c]:
+            break
+        n += 1
+    return n
+
+
+def _code_brackets(text: str, language: str = "") -> list[tuple[int, str]]:
+    """The brackets of ``text`` (offset, character) outside its one-line strings and the comments of
+    ``language`` (a Rust lifetime's ``'`` opens no string). A quote that has no partner on its line is
+    no string: it closes one the prefix opened (`print("a (` + `b")`)."""
+    return [(m.start(), m.group()) for m in _bracket_tokens(language).finditer(text)
+            if m.group() in OPENERS or m.group() in CLOSERS]
+
+
+def _unmatched_closers(code: str, language: str = "") -> list[str]:
+    """The closers of ``code`` that close no opener of its own, in order (those of the text after the
+    cursor close what the prefix left open)."""
+    stack: list[str] = []
+    out: list[str] = []
+    for _, c in _code_brackets(code, language):
+        if c in OPENERS:
+            stack.append(c)
+        elif CLOSERS[c] in stack:  # as open_brackets: it gives up the openers above its own
+            del stack[len(stack) - 1 - stack[::-1].index(CLOSERS[c]):]
+        else:
+            out.append(c)
+    return out
 
 
 def open_brackets(code: str, language: str = "") -> list[str]:
@@ -328,17 +384,17 @@ def _stray_after(code: str, spans: Sequence[tuple[int, int]] = ()):
     return kept
 
 
-def _trailing_unmatched_closers(text: str) -> list[tuple[int, str]]:
+def _trailing_unmatched_closers(text: str, language: str = "") -> list[tuple[int, str]]:
+    """The closers at the end of ``text`` that close no opener of its own (its strings' skipped)."""
     stack: list[str] = []
     unmatched: list[tuple[int, str]] = []
-    for i, c in enumerate(text):
+    for i, c in _code_brackets(text, language):
         if c in OPENERS:
             stack.append(c)
-        elif c in CLOSERS:
-            if stack and stack[-1] == CLOSERS[c]:
-                stack.pop()
-            else:
-                unmatched.append((i, c))
+        elif stack and stack[-1] == CLOSERS[c]:
+            stack.pop()
+        else:
+            unmatched.append((i, c))
     tail: list[tuple[int, str]] = []
     end = len(text.rstrip())
     for i, c in reversed(unmatched):

@@ -6,7 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from lsp_server.postprocess import choose_mode, postprocess
+from lsp_server.completer import build_request
+from lsp_server.config import CompletionConfig
+from lsp_server.documents import Snapshot
+from lsp_server.postprocess import choose_mode, indent_of, postprocess, scope_min_indent
 
 CURSOR = "█"
 CASES = sorted((Path(__file__).parent / "golden" / "postprocess").glob("*.txt"))
@@ -179,3 +182,117 @@ def test_a_quote_that_opens_a_string_is_kept():
 def test_a_multi_character_rest_of_line_is_still_dropped():
     assert postprocess('hi")', 'print("', '")', "single-line") == "hi"
     assert postprocess("1);", "foo(", ");", "single-line") == "1"
+
+
+@pytest.mark.parametrize(
+    "language, prefix, text, suffix, expected",
+    [
+        # the closer right after the cursor is the innermost opener's (an auto-closed pair): a completion
+        # that closes that opener too writes it twice, though the function's `{` (closed further down) is open
+        ("go", "func (s *Store) Add(title string) Item {\n\titem := Item{", "ID: 1, Title: title}",
+         "}\n\ts.items = append(s.items, item)\n\treturn item\n}\n", "ID: 1, Title: title"),
+        ("typescript", "export function greet(user: User): string {\n  return `Hello, ${user.", "name}!`;",
+         "}`;\n}\n", "name"),
+        ("shellscript", 'make_archive() {\n    log "created ${', 'SRC_DIR} archive created"', '}"\n}\n', "SRC_DIR"),
+        # the cursor on the line that closes an `if`, before its `}`
+        ("go", "func (s *Store) Pending() []Item {\n\tfor _, it := range s.items {\n\t\tif !it.Done {\n"
+               "\t\t\tout = append(out, it)\n\t\t", "}", "}\n\t\t\n\t}\n\treturn out\n}\n", ""),
+    ],
+)
+def test_a_closer_after_the_cursor_is_not_written_again_inside_a_block(language, prefix, text, suffix, expected):
+    assert postprocess(text, prefix, suffix, "single-line", language=language) == expected
+
+
+@pytest.mark.parametrize(
+    "language, prefix, text, suffix, expected",
+    [
+        # a Rust lifetime opens no string: the answer stops where it closes the line's `(`
+        ("rust", "pub fn last_word<'a>(", "text: &'a str) -> &'a str {",
+         ")\n\npub fn count_by_name(shapes: &[Shape]) -> HashMap<&'static str, usize> {\n", "text: &'a str"),
+        # a bracket in the completion's own string or char literal closes nothing
+        ("rust", "fn f() {\n    foo(", "'(')", ")\n}\n", "'('"),
+        ("python", "def f():\n    foo(", '"(")', ")\n", '"("'),
+    ],
+)
+def test_the_completions_strings_follow_the_language(language, prefix, text, suffix, expected):
+    assert postprocess(text, prefix, suffix, "single-line", language=language) == expected
+
+
+@pytest.mark.parametrize(
+    "language, line",
+    [
+        ("lua", "  if self.first > self.last then"),
+        ("lua", "  for i = 1, n do"),
+        ("lua", "  while x do"),
+        ("lua", "  else"),
+        ("lua", "  repeat"),
+        ("lua", "function Queue:pop()"),
+        ("lua", "local function f(x)"),
+        ("lua", "  table.sort(t, function(a, b)"),
+        ("shellscript", '    if [ ! -d "$SRC_DIR" ]; then'),
+        ("shellscript", "    for f in *; do"),
+        ("shellscript", "    while read -r line; do"),
+        ("shellscript", "    elif [ -z $x ]; then"),
+        ("shellscript", "    else"),
+        ("ruby", "    @rows.each do |row|"),
+        ("ruby", "    loop do"),
+        ("ruby", "  def top(n)"),
+        ("ruby", "  def to_s"),
+        ("ruby", "class Report < Base"),
+        ("ruby", "    if total > 0"),
+        ("ruby", "    elsif total < 0"),
+        ("ruby", "    begin"),
+        ("ruby", "    rows.map { |r|"),
+    ],
+)
+def test_keyword_block_openers(language, line):
+    prefix = "x = 1\n" + line
+    assert choose_mode(prefix, "\n", language=language) == "multi-line"
+    assert scope_min_indent(prefix, language) == indent_of(line) + 1
+
+
+@pytest.mark.parametrize(
+    "language, line",
+    [
+        ("python", "    if x then"),  # another language: unchanged
+        ("lua", "  local done = x"),
+        ("shellscript", "    echo done"),
+        ("ruby", "    return if done"),  # a modifier `if` opens no block
+        ("ruby", "  def to_s; name; end"),
+    ],
+)
+def test_lines_that_open_no_block(language, line):
+    prefix = "x = 1\n" + line
+    assert choose_mode(prefix, "\n", language=language) == "single-line"
+    assert scope_min_indent(prefix, language) == indent_of(line)
+
+
+def test_a_keyword_block_answer_stays_in_the_block():
+    prefix = "function Queue:pop()\n  if self.first > self.last then"
+    suffix = "\n  local value = self.items[self.first]\n"
+    text = "\n    self.first = 0\n  self.last = 0\n  self.items[self.last] = None"
+    assert postprocess(text, prefix, suffix, "multi-line", language="lua") == "\n    self.first = 0"
+
+
+def test_the_request_for_a_keyword_block_opener_is_multi_line():
+    snap = Snapshot("file:///q.lua", 1, "lua", "q.lua", "function f()\n  if x then", "\n  y()\nend\n")
+    request = build_request(snap, CompletionConfig())
+    assert request.mode == "multi-line" and request.limits.min_indent == 3
+
+
+@pytest.mark.parametrize(
+    "prefix, text, suffix, expected",
+    [
+        # the block goes on after the cursor: its closer is in the file, the answer's would close it early
+        ("func (s *Store) Pending() []Item {\n\tvar out []Item\n\t",
+         "for i := range s.items {\n\t\tout = append(out, i)\n\t}\n\treturn out, nil\n}",
+         "\n\tfor _, it := range s.items {\n\t\tif !it.Done {\n\t\t\tout = append(out, it)\n\t\t}\n\t}\n"
+         "\treturn out\n}\n",
+         "for i := range s.items {\n\t\tout = append(out, i)\n\t}\n\treturn out, nil"),
+        ("items = [", "\n    1,\n    2,\n]", "\n    3,\n]\n", "\n    1,\n    2,"),
+        # the code after the cursor is out of the block: the block's closer is missing, the answer's is kept
+        ("func f() {\n\tx := 1\n\t", "y := 2\n}", "\n\nfunc g() {}\n", "y := 2\n}"),
+    ],
+)
+def test_a_closing_line_is_kept_only_where_the_block_ends(prefix, text, suffix, expected):
+    assert postprocess(text, prefix, suffix, "multi-line", language="go") == expected
