@@ -202,7 +202,7 @@ class Engine:
         text = decode_answer(self.target.tokenizer, tokens, context)
         if heal:  # the healed characters are already in the document
             text = text[len(heal):] if text.startswith(heal) else ""
-        text = rules.cut(text)
+        text = rules.cut(text, reason)  # the token limit is decided here, not by the rules
         stats.total_s = time.perf_counter() - started
         cancelled = reason == "cancelled"
         return CompletionResult(text, cancelled=cancelled, stop_reason=reason, tokens=tuple(tokens), stats=stats)

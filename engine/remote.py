@@ -445,7 +445,7 @@ class RemoteEngine:
             watch.stop()
         if not done and (watch.fired == "cancelled" or cancel.is_set()):
             reason = "cancelled"
-        text = rules.cut("".join(pieces.items))
+        text = rules.cut("".join(pieces.items), reason)  # a server's "length" or our timeout: the rules did not fire
         stats.generated_tokens = stats.generated_tokens or len(pieces.items)
         stats.target_forwards = len(pieces.items)
         stats.total_s = time.perf_counter() - started

@@ -87,11 +87,14 @@ class _StopRules:
             if _repetition_end(text[:end]) >= 0:
                 self.end = end  # `cut` looks for the loop where it was seen
                 return "repeat"  # a small model looping: nothing after this point would be kept
-        if self.budget and self.newlines:
+        # the time budget ends the answer at a line end (llama.cpp's t_max_predict_ms rule), and only once
+        # it holds a whole non-blank line: after a block opener the first line is empty, and a slow
+        # prefill alone can spend the budget; the user gets at least one line (max_tokens bounds it)
+        if self.budget and "\n" in text[changed:] and text[: text.rfind("\n")].strip():
             if not clock:
                 clock.append(time.perf_counter())
             if clock[0] - self.started > self.budget:
-                return "time"  # only once a whole first line exists (llama.cpp's t_max_predict_ms rule)
+                return "time"
         return None
 
     def _left_scope(self) -> bool:
@@ -111,9 +114,13 @@ class _StopRules:
                 return False
             self.line_start = nl + 1
 
-    def cut(self, text: str) -> str:
+    def cut(self, text: str, reason: str | None = None) -> str:
+        """The answer `text` keeps. `reason`: why generation ended (the engine's stop reason: the token
+        limit is decided outside the rules); the rule that fired by default."""
         if self.reason is not None and text.startswith(self.text[: self.end]):
             text = text[: self.end]  # what a token-by-token run would have had when the rule fired
+        if (reason or self.reason) in ("time", "max_tokens"):
+            text = _drop_unfinished_line(text)  # first: the cuts below end on a line that is whole
         if (end := _repetition_end(text)) >= 0:
             text = text[:end]
         if self.min_indent >= 0 and (end := _scope_end(text, self.min_indent)) >= 0:
@@ -125,6 +132,16 @@ class _StopRules:
         if self.max_lines:
             text = "\n".join(text.split("\n")[: self.max_lines]) if text.count("\n") >= self.max_lines else text
         return text
+
+
+def _drop_unfinished_line(text: str) -> str:
+    """`text` without its last line, which a time or token-limit stop left half-written (an unclosed
+    string or call), once a whole non-blank line comes before it; else unchanged: a single-line answer
+    (max_lines 1 stops at its line end) or a first line alone is still worth its partial text."""
+    end = text.rfind("\n")
+    if end < 0 or not text[:end].strip():
+        return text
+    return text[: end - 1] if text[end - 1 : end] == "\r" else text[:end]  # a CRLF's "\r" goes with it
 
 
 def _common_prefix(a: str, b: str) -> str:

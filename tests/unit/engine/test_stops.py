@@ -3,6 +3,7 @@ decoding, and the same stop whatever the chunking (what keeps speculative decodi
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -182,3 +183,96 @@ def test_an_answer_keeps_its_leading_space_after_the_prompts_last_token():
     assert rules(answer) == "max_lines" and rules.cut(decode_answer(tok, answer, ctx)) == " x"
     bpe, bids = pieces(["a", " b"])  # a decoder that keeps spaces: the same text either way
     assert decode_answer(bpe, bids[1:], bids[:1]) == bpe.decode(bids[1:]) == " b"
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """The rules' clock, set by the test: [now]."""
+    from types import SimpleNamespace
+
+    from engine import stops
+
+    now = [0.0]
+    monkeypatch.setattr(stops, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    return now
+
+
+# "\n    return x\n    y = 1\n": after a block opener the first line is empty
+OPENER_BODY = ["\n", "    ", "return", " x", "\n", "    ", "y", " =", " 1", "\n"]
+
+
+def test_the_time_budget_waits_for_a_non_blank_line(clock):
+    """A slow prefill spends the budget before the first token: the answer still gets its first
+    non-blank line (it stopped at the empty one, and the suggestion was ''), whatever the chunking."""
+    tok, ids = pieces(OPENER_BODY)
+    n = len(ids)
+    bounds_list = [range(1, n + 1), [n], [2, 4, 6, n], [3, 7, n], [5, n]]
+    for bounds in bounds_list:
+        clock[0] = 0.0
+        rules = _StopRules(tok, (), 0, 1.0)
+        clock[0] = 5.0  # past the budget from the first token on
+        got = next(((b, reason) for b in bounds if (reason := rules(ids[:b]))), (None, None))
+        assert got == (min(b for b in bounds if b >= 5), "time"), bounds
+        assert rules.cut(tok.decode(ids[: got[0]])) == "\n    return x", bounds
+
+
+def test_the_time_budget_ends_the_answer_at_a_line_end(clock):
+    """Spent in the middle of a line, the budget lets it finish: the answer ends with a whole line."""
+    tok, ids = pieces(["x = 1", "\n", "y = f(", "a", ")", "\n", "z", " = 2"])
+    rules = _StopRules(tok, (), 0, 1.0)
+    reasons = []
+    for b in range(1, len(ids) + 1):
+        clock[0] = 5.0 if b >= 3 else 0.0  # spent as `y = f(` arrives
+        reasons.append(rules(ids[:b]))
+        if reasons[-1]:
+            break
+    assert reasons == [None, None, None, None, None, "time"]
+    assert rules.cut(tok.decode(ids[:6])) == "x = 1\ny = f(a)"
+
+
+def test_no_time_budget_stop_before_it_is_spent(clock):
+    tok, ids = pieces(OPENER_BODY)
+    assert run(tok, ids, range(1, len(ids) + 1)) == (None, None, "".join(OPENER_BODY))
+    rules = _StopRules(tok, (), 0, 1.0)
+    assert not any(rules(ids[:b]) for b in range(1, len(ids) + 1))  # the clock stays at 0
+
+
+@pytest.mark.parametrize(("text", "reason", "max_lines", "min_indent", "kept"), [
+    ("def f():\n    return g(", "max_tokens", 0, -1, "def f():"),
+    ("\n    a = 1\n    b = '", "max_tokens", 0, -1, "\n    a = 1"),
+    ("\r\n    a = 1\r\n    b = max(orders,", "time", 0, -1, "\r\n    a = 1"),  # the CRLF goes with the line
+    ("\n    a = 1\n    ", "max_tokens", 0, -1, "\n    a = 1"),  # a line begun but empty
+    ("x = 1\n    y = 2\nd", "max_tokens", 0, 4, "x = 1\n    y = 2"),  # dropped before the scope cut, not after
+    ("\n    throw new E(\"no items", "max_tokens", 0, -1, "\n    throw new E(\"no items"),  # no whole line before it
+    ("x = f(a, b", "max_tokens", 1, -1, "x = f(a, b"),  # single-line: the partial line is the answer
+    ("x = f(a, b", "max_tokens", 0, -1, "x = f(a, b"),
+    ("a = 1\nb = f(", "eos", 0, -1, "a = 1\nb = f("),  # the model ended it: not a limit's cut
+    ("a = 1\nb = f(", None, 0, -1, "a = 1\nb = f("),
+])
+def test_a_limit_stop_drops_the_unfinished_last_line(text, reason, max_lines, min_indent, kept):
+    tok, ids = pieces(list(text))
+    rules = _StopRules(tok, (), max_lines, 0.0, min_indent)
+    assert rules(ids[:-1]) is None  # the decoding loop does not check the token that reaches the limit
+    assert rules.cut(text, reason) == kept
+
+
+def test_the_engine_drops_the_line_its_token_limit_cut(model_dirs):
+    """The token limit is decided in the decoding loop, not by the rules: the engine hands its reason
+    to the cut, plain or speculative, so a multi-line answer ends with a whole line."""
+    import threading
+
+    from engine.engine import load_engine
+    from engine.types import CompletionRequest, Limits, SpecConfig
+
+    engine = load_engine(str(model_dirs["target"]), str(model_dirs["draft"]), dtype="float32")
+    tok = engine.target.tokenizer
+    req = CompletionRequest(prefix="def f():\n", uri="tl", limits=Limits(max_tokens=60))
+    whole = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
+    first = next(i + 1 for i, t in enumerate(whole.tokens) if "\n" in tok.decode([t]))
+    assert "\n" not in tok.decode(list(whole.tokens[first : first + 2])), "two tokens into the second line"
+    kept = whole.text[: whole.text.index("\n")]
+    assert kept.strip(), "a non-blank first line"
+    limited = dataclasses.replace(req, limits=Limits(max_tokens=first + 2))
+    for drafter in ("none", "hybrid"):
+        res = engine.complete(limited, threading.Event(), SpecConfig(drafter=drafter))
+        assert (res.text, res.stop_reason, res.tokens) == (kept, "max_tokens", whole.tokens[: first + 2]), drafter
