@@ -47,8 +47,8 @@ class CompletionConfig:
     window_quantum: int = 512  # the prefix window start moves in steps of this (cache reuse)
     max_tokens: int = 96
     max_lines_multi: int = 12
-    # once a whole line exists, stop when this long has passed since the engine took the request (prefill
-    # included; llama.vim's t_max_predict_ms is 1 s). bench lsp, 12 lines of email/, 2-core AVX2: first
+    # once this long has passed since the engine took the request (prefill included; llama.vim's
+    # t_max_predict_ms is 1 s), stop at the next line end after a whole non-blank line. bench lsp, 12 lines of email/, 2-core AVX2: first
     # request in a file p50/max 1.28/2.80 s -> 1.07/1.40 s; a cold block was 96 tokens after ~1 s of prefill
     time_budget_s: float = 1.0
     snippets: int = 4  # retrieved chunks per request
@@ -57,6 +57,10 @@ class CompletionConfig:
     definition_lines: int = 30  # lines of each definition shown (signature, docstring, the start)
     query_lines: int = 8  # lines around the cursor that form the retrieval query
     cache_size: int = 1000  # LRU of recent results
+    # automatic suggestions where a letter, digit or _ follows the cursor (editing inside or before a word,
+    # `Pen|ding()`: an insertion there is rarely wanted; Copilot and llama.vim hold back mid-line too).
+    # A request the user invokes is answered wherever the cursor is.
+    inside_words: bool = False
     fallback: Literal["auto", "always", "never"] = "auto"  # textDocument/completion; auto: only for
     # clients without inline completion (else both requests would run and cancel each other)
 

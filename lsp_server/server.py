@@ -7,6 +7,7 @@ import dataclasses
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -40,6 +41,7 @@ log = logging.getLogger(__name__)
 STATUS = "draftline/status"
 DID_SHOW = "textDocument/didShowCompletion"
 DID_PARTIALLY_ACCEPT = "textDocument/didPartiallyAcceptCompletion"
+_WORD_START = re.compile(r"\w")  # what follows the cursor starts a word (completion.inside_words)
 
 
 class DraftlineProtocol(LanguageServerProtocol):
@@ -226,12 +228,14 @@ class Draftline:
         doc = self.document(snap.uri)
         return doc is not None and (doc.version or 0) == snap.version and getattr(doc, "serial", 0) == snap.serial
 
-    async def suggest(self, uri: str, position: t.Position, selected: t.SelectedCompletionInfo | None = None):
-        """(snapshot, text) for a cursor, or None (empty answer). Never raises but CancelledError."""
+    async def suggest(self, uri: str, position: t.Position, selected: t.SelectedCompletionInfo | None = None,
+                      invoked: bool = False):
+        """(snapshot, text) for a cursor, or None (empty answer). Never raises but CancelledError.
+        ``invoked``: the user asked (not an editor's automatic request while typing)."""
         started = time.perf_counter()
         self.telemetry.requests += 1
         try:
-            found = await self._suggest(uri, position, selected)
+            found = await self._suggest(uri, position, selected, invoked)
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -246,13 +250,16 @@ class Draftline:
             self.telemetry.answered += 1
         return found
 
-    async def _suggest(self, uri: str, position: t.Position, selected: t.SelectedCompletionInfo | None):
+    async def _suggest(self, uri: str, position: t.Position, selected: t.SelectedCompletionInfo | None,
+                       invoked: bool = False):
         doc = self.document(uri)
         snap = doc and snapshot(doc, position.line, position.character, self.roots)
         if snap and selected is not None:
             snap = with_selection(snap, doc, selected.range, selected.text, position)
         if not snap:
             return None
+        if not invoked and not self.config.completion.inside_words and _WORD_START.match(snap.after):
+            return None  # the cursor is inside or before a word: nothing to insert unasked
         snap = in_notebook(snap, self.ls.workspace, self.roots)  # after with_selection: it works in the cell's offsets
         request = build_request(snap, self.config.completion, self.roots)
         hit = self.cache.lookup(snap, request)
@@ -648,7 +655,8 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
     @ls.feature(t.TEXT_DOCUMENT_INLINE_COMPLETION, t.InlineCompletionOptions())
     async def inline_completion(params: t.InlineCompletionParams) -> t.InlineCompletionList:
         selected = params.context.selected_completion_info
-        found = await app.suggest(params.text_document.uri, params.position, selected)
+        invoked = params.context.trigger_kind == t.InlineCompletionTriggerKind.Invoked
+        found = await app.suggest(params.text_document.uri, params.position, selected, invoked)
         doc = app.document(params.text_document.uri)
         if found is None or doc is None:
             return t.InlineCompletionList(items=[])

@@ -64,15 +64,18 @@
           (when server (jsonrpc-notify server :textDocument/didShowCompletion (list :item item))))))))
 
 (defun draftline-inline-request ()
-  "Ask the server for ghost text at point (what the idle timer does)."
+  "Ask the server for ghost text at point (what the idle timer does).
+Called as a command it is an invoked request (trigger kind 1): the server answers
+even inside a word, where it holds back its automatic (kind 2) suggestions."
   (interactive)
-  (let ((server (eglot-current-server)))
+  (let ((server (eglot-current-server))
+        (kind (if (called-interactively-p 'any) 1 2)))
     (when server
       (eglot--signal-textDocument/didChange)  ; the server must see what was just typed
       (let ((buf (current-buffer)) (tick (buffer-chars-modified-tick)) (pos (point)))
         (jsonrpc-async-request
          server :textDocument/inlineCompletion
-         (append (eglot--TextDocumentPositionParams) (list :context (list :triggerKind 2)))
+         (append (eglot--TextDocumentPositionParams) (list :context (list :triggerKind kind)))
          :success-fn (lambda (result)
                        (when (buffer-live-p buf)
                          (with-current-buffer buf

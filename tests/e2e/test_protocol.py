@@ -134,3 +134,27 @@ async def test_a_clients_slip_in_a_notification_is_logged_not_shown(client: Lang
     open_doc(client, DOC)
     assert items(await client.text_document_inline_completion_async(inline_params(end_of(DOC)))) != []
     assert not [m for m in client.messages if m.type == t.MessageType.Error], client.messages
+
+
+async def test_no_automatic_suggestion_inside_or_before_a_word(client: LanguageClient):
+    """`Pen|ding()`: an editor's automatic request while the cursor sits inside (or right before) a word
+    gets nothing (an insertion there is rarely wanted); the user invoking it, another cursor on the line,
+    or `completion.inside_words` get the engine's answer."""
+    await initialize(client)
+    doc = "def f():\n    return Pending(x)"
+    open_doc(client, doc)
+    mid = t.Position(line=1, character=14)  # return Pen|ding(x)
+    assert items(await client.text_document_inline_completion_async(inline_params(mid))) == []
+    assert items(await client.text_document_inline_completion_async(inline_params(t.Position(line=1, character=11)))) == []
+    asked = inline_params(mid)
+    asked.context.trigger_kind = t.InlineCompletionTriggerKind.Invoked
+    assert [i.insert_text for i in items(await client.text_document_inline_completion_async(asked))] == [
+        fake_text("def f():\n    return Pen")]
+    before_bracket = t.Position(line=1, character=20)  # return Pending(x|)
+    assert [i.insert_text for i in items(await client.text_document_inline_completion_async(
+        inline_params(before_bracket)))] == [fake_text("def f():\n    return Pending(x")]
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(
+        settings=options(completion={"debounce_ms": 0, "inside_words": True})))
+    await wait_for(client, lambda s: s["engine"]["state"] == "ready")
+    assert [i.insert_text for i in items(await client.text_document_inline_completion_async(inline_params(mid)))] == [
+        fake_text("def f():\n    return Pen")]
