@@ -90,7 +90,8 @@ class _StopRules:
         # the time budget ends the answer at a line end (llama.cpp's t_max_predict_ms rule), and only once
         # it holds a whole non-blank line: after a block opener the first line is empty, and a slow
         # prefill alone can spend the budget; the user gets at least one line (max_tokens bounds it)
-        if self.budget and "\n" in text[changed:] and text[: text.rfind("\n")].strip():
+        # nor inside a bracket the answer opened (`return {` + half its entries would leave the file unbalanced)
+        if self.budget and "\n" in text[changed:] and _balanced_line(text[: text.rfind("\n")]):
             if not clock:
                 clock.append(time.perf_counter())
             if clock[0] - self.started > self.budget:
@@ -122,7 +123,8 @@ class _StopRules:
         if (reason or self.reason) in ("time", "max_tokens"):
             text = _drop_unfinished_line(text)  # first: the cuts below end on a line that is whole
         if (end := _repetition_end(text)) >= 0:
-            text = text[:end]
+            # a loop inside a line is cut mid-line: that line goes too, as after a limit stop
+            text = text[:end] if text[end : end + 1] in ("\n", "") else _drop_unfinished_line(text[:end])
         if self.min_indent >= 0 and (end := _scope_end(text, self.min_indent)) >= 0:
             text = text[:end]
         for s in self.stop:
@@ -137,11 +139,36 @@ class _StopRules:
 def _drop_unfinished_line(text: str) -> str:
     """`text` without its last line, which a time or token-limit stop left half-written (an unclosed
     string or call), once a whole non-blank line comes before it; else unchanged: a single-line answer
-    (max_lines 1 stops at its line end) or a first line alone is still worth its partial text."""
+    (max_lines 1 stops at its line end) or a first line alone is still worth its partial text. Where
+    the answer's own brackets are all closed at an earlier line end, it ends there (not on `return {`)."""
     end = text.rfind("\n")
     if end < 0 or not text[:end].strip():
         return text
+    balanced = end
+    while balanced > 0 and not _balanced_line(text[:balanced]):
+        balanced = text.rfind("\n", 0, balanced)
+    if balanced > 0:
+        end = balanced
     return text[: end - 1] if text[end - 1 : end] == "\r" else text[:end]  # a CRLF's "\r" goes with it
+
+
+# the answer's own brackets, its one-line strings skipped
+_ANSWER_BRACKETS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[()\[\]{}]')
+
+
+def _balanced_line(text: str) -> bool:
+    """Does `text` (an answer up to a line end) hold a non-blank line and leave no bracket of its own
+    open? (A closer of a bracket the prefix opened counts against nothing: `a, b)` is balanced.)"""
+    if not text.strip():
+        return False
+    depth = 0
+    for m in _ANSWER_BRACKETS.finditer(text):
+        c = m.group()
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth = max(depth - 1, 0)
+    return depth == 0
 
 
 def _common_prefix(a: str, b: str) -> str:

@@ -230,6 +230,28 @@ def test_the_time_budget_ends_the_answer_at_a_line_end(clock):
     assert rules.cut(tok.decode(ids[:6])) == "x = 1\ny = f(a)"
 
 
+def test_the_time_budget_waits_for_the_answers_brackets_to_close(clock):
+    """Spent inside a literal the answer opened, the budget lets it close (a `return {` line alone
+    would leave the file unbalanced); max_tokens still bounds it."""
+    tok, ids = pieces(["\n", "    return {", "\n", "        'a': 1,", "\n", "    }", "\n", "    x"])
+    rules = _StopRules(tok, (), 0, 1.0)
+    clock[0] = 5.0  # spent before the first token
+    reasons = [rules(ids[:b]) for b in range(1, len(ids) + 1)]
+    assert reasons.index("time") == 6  # at the line end after `}`, not after `return {` or `'a': 1,`
+    assert rules.cut(tok.decode(ids[:7])) == "\n    return {\n        'a': 1,\n    }"
+
+
+def test_a_loop_inside_a_line_drops_that_line_of_a_multi_line_answer():
+    """The loop rule keeps a loop's first copy, mid-line: a later line cut so is half-written (an
+    unclosed string in a dict); a single-line answer keeps it (its line is all there is)."""
+    text = '"max": 10,\n    "max_stock": 10,\n    "max_stock_stock' + "_stock" * 12
+    tok, ids = pieces(list(text))
+    rules = _StopRules(tok, (), 0, 0.0)
+    assert rules.cut(text, "repeat") == '"max": 10,\n    "max_stock": 10,'
+    line = "x = f(a" + ", self.b" * 10
+    assert _StopRules(*pieces(list(line))[:1], (), 1, 0.0).cut(line, "repeat") == "x = f(a, self.b"
+
+
 def test_no_time_budget_stop_before_it_is_spent(clock):
     tok, ids = pieces(OPENER_BODY)
     assert run(tok, ids, range(1, len(ids) + 1)) == (None, None, "".join(OPENER_BODY))
@@ -248,6 +270,10 @@ def test_no_time_budget_stop_before_it_is_spent(clock):
     ("x = f(a, b", "max_tokens", 0, -1, "x = f(a, b"),
     ("a = 1\nb = f(", "eos", 0, -1, "a = 1\nb = f("),  # the model ended it: not a limit's cut
     ("a = 1\nb = f(", None, 0, -1, "a = 1\nb = f("),
+    # the answer's own bracket still open at the last line end: it ends where its brackets were closed
+    ("\n    x = 1\n    return {\n        'a': 1,\n        'b", "max_tokens", 0, -1, "\n    x = 1"),
+    ("a, b)\n    y = g(1)\n    z = [\n", "max_tokens", 0, -1, "a, b)\n    y = g(1)"),  # the prefix's ( closed
+    ("\n    x = {\n        'a': 1,\n        'b", "max_tokens", 0, -1, "\n    x = {\n        'a': 1,"),  # none: as before
 ])
 def test_a_limit_stop_drops_the_unfinished_last_line(text, reason, max_lines, min_indent, kept):
     tok, ids = pieces(list(text))
