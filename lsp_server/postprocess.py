@@ -202,13 +202,20 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
                 if line.rstrip() == anchor and not open_brackets("\n".join(lines[:i]), language):
                     return "\n".join(lines[:i])
             return text
-    if len(anchor.strip()) < 2:
+    anchors = {anchor} if len(anchor.strip()) >= 2 else set()
+    if not rest_of_line:
+        # The model sees the lines after the cursor's (a left-to-right prompt's suffix section) and may
+        # copy one from a little further down (`return {` two lines below): a distinctive line of the
+        # next few is the code that follows too.
+        anchors |= {ln for ln in _code_lines(suffix.split("\n", 1)[1] if "\n" in suffix else "", LATER_ANCHORS)[1:]
+                    if len(ln.strip()) >= MIN_LATER_ANCHOR and not _only_closers(ln)}
+    if not anchors:
         return text
     for i, line in enumerate(lines):
         if i == 0:  # starts at the cursor, mid-line: compared without indentation
-            if not rest_of_line and (line_before + line).strip() == anchor.strip():
+            if not rest_of_line and (line_before + line).strip() in {a.strip() for a in anchors}:
                 return ""
-        elif (line.strip() if rest_of_line else line.rstrip()) == anchor:
+        elif (line.strip() if rest_of_line else line.rstrip()) in anchors:
             return "\n".join(lines[:i])
     return text
 
@@ -256,10 +263,24 @@ def _count_quote(line: str, quote: str) -> int:
 
 def _first_code_line(text: str) -> str:
     """The first non-blank line, its indentation kept."""
+    return next(iter(_code_lines(text, 1)), "")
+
+
+# an answer line equal to one of the next LATER_ANCHORS code lines (beyond the first: any line that long)
+# is the code that already follows the cursor
+LATER_ANCHORS = 3
+MIN_LATER_ANCHOR = 6
+
+
+def _code_lines(text: str, n: int) -> list[str]:
+    """The first ``n`` non-blank lines, their indentation kept."""
+    out: list[str] = []
     for line in text.split("\n"):
+        if len(out) == n:
+            break
         if line.strip():
-            return line.rstrip()
-    return ""
+            out.append(line.rstrip())
+    return out
 
 
 def balance_brackets(text: str, suffix: str, prefix: str = "", language: str = "") -> str:

@@ -296,3 +296,25 @@ def test_the_request_for_a_keyword_block_opener_is_multi_line():
 )
 def test_a_closing_line_is_kept_only_where_the_block_ends(prefix, text, suffix, expected):
     assert postprocess(text, prefix, suffix, "multi-line", language="go") == expected
+
+
+@pytest.mark.parametrize(
+    "text, suffix, expected",
+    [
+        # a copy of the second line below the cursor (the model saw it in the prompt's suffix section)
+        ("return {", "\n        total = sum(x.price for x in items)\n        return {\n            'total': total,\n",
+         ""),
+        ("count = len(items)\n        return {",
+         "\n        total = sum(x.price for x in items)\n        return {\n            'total': total,\n",
+         "count = len(items)"),
+        # the third code line, blank lines between them
+        ("log.info('done')\n        self.save()", "\n        a = 1\n\n        b = 2\n        self.save()\n", "log.info('done')"),
+        # a short common line further down is no copy (`pass`, `else:` repeat in real code)
+        ("if x:\n            pass", "\n        y = 1\n        pass\n", "if x:\n            pass"),
+        # beyond the third code line: not looked at
+        ("z = 3\n        self.save()", "\n        a = 1\n        b = 2\n        c = 3\n        self.save()\n",
+         "z = 3\n        self.save()"),
+    ],
+)
+def test_an_answer_stops_at_a_copy_of_one_of_the_next_few_lines(text, suffix, expected):
+    assert postprocess(text, "def f(items):\n        ", suffix, "multi-line", language="python") == expected
