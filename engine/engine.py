@@ -353,7 +353,7 @@ LEAN_GGUF_ARCHITECTURES = ("llama", "qwen2")  # llama.cpp's names for what engin
 def load_engine(target: str, draft: str | None = None, *, device: str | None = None, dtype: str = "auto",
                 trust_remote_code: bool = False, config: EngineConfig = EngineConfig(),
                 backend: str | None = None, quant: str = "auto", prompt_tokens: int | None = None,
-                template: str | None = None, snippet_share: float | None = None,
+                template: str | None = None, snippet_share: float | None = None, suffix_share: float | None = None,
                 remember_completions: int | None = None, cuda_graphs: bool | None = None,
                 prompt_slots: int | None = None, **spec: Any) -> Engine:
     """Load a target (and optional draft sharing its tokenizer) and build an Engine.
@@ -369,7 +369,9 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     A model from a GGUF file on the CPU runs, by default ("auto"), in bfloat16 with int8 weights (with
     the native kernels; without them int4 for a file of 4-bit blocks) for decode and verify (``quant``); other models keep float32 there. ``prompt_tokens`` caps the
     prompt (default: CPU_PROMPT_TOKENS on the CPU, GPU_PROMPT_TOKENS on a GPU); ``snippet_share`` is
-    the share of it cross-file context may take; ``template`` names the prompt format (a family of
+    the share of it cross-file context may take, ``suffix_share`` the share the code after the cursor may
+    take (a FIM suffix; for SmolLM, the lines after the cursor's line as a section before the current
+    file; 0: none); ``template`` names the prompt format (a family of
     engine.prompt.TEMPLATES) where detection from the tokenizer is wrong. ``cuda_graphs`` replays the lean
     decoder's decode and verify forwards as CUDA graphs on a GPU (engine.graphs). ``prompt_slots``: how
     many earlier prompts' KV are kept for going back to a file (engine.slots; 0: none).
@@ -392,6 +394,10 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
         if not 0.0 <= snippet_share < 1.0:
             raise ValueError(f"snippet_share must be in [0, 1), not {snippet_share!r}")
         config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, snippet_share=snippet_share))
+    if suffix_share is not None:
+        if not 0.0 <= suffix_share < 1.0:
+            raise ValueError(f"suffix_share must be in [0, 1), not {suffix_share!r}")
+        config = dataclasses.replace(config, budget=dataclasses.replace(config.budget, suffix_share=suffix_share))
     if remember_completions is not None:
         config = dataclasses.replace(config, remember_completions=max(0, int(remember_completions)))
     if prompt_slots is not None:

