@@ -145,15 +145,15 @@ def assemble(template: FimTemplate, request: CompletionRequest, snippets: Sequen
             seg.append(t.comment_header.format(path=s.path) + s.text.rstrip("\n") + "\n\n")
     path = request.path
     if t.file_sep and path and not t.path_in_prefix:
+        if t.order == "none" and t.suffix_section and suffix.strip():
+            # the lines after the cursor's (`suffix` is section_text's) as a piece of the same file before it
+            seg += [Special(t.file_sep), f"{path}\n{suffix}" + ("" if suffix.endswith("\n") else "\n")]
         seg += [Special(t.file_sep), f"{path}\n"]
     elif t.file_sep and t.path_in_prefix and snippets:
         seg.append(Special(t.file_sep))
     elif not t.file_sep and path and (snippets or t.order == "none"):
         seg.append(t.comment_header.format(path=path))
     if t.order == "none":
-        if t.suffix_section and suffix.strip() and path and t.file_sep and not t.path_in_prefix:
-            # `suffix` is the section's text (section_text): right before the current file's header
-            seg[-2:-2] = [Special(t.file_sep), f"{path}\n{suffix}" + ("" if suffix.endswith("\n") else "\n")]
         return seg + [prefix]
     head = f"{path}\n{prefix}" if t.path_in_prefix and path else prefix
     if t.order == "spm":
