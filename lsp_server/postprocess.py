@@ -18,8 +18,9 @@ BLOCK_OPENERS = (":", "{", "(", "[", "=>", "->")
 _KEYWORD_OPENERS = {
     "lua": re.compile(r"\b(?:then|do|else|repeat)$|\bfunction\b[\w.:\s]*\([^()]*\)$"),
     "shellscript": re.compile(r"(?:^|[\s;])(?:then|do|else)$|^case\b.*\bin$"),
-    "ruby": re.compile(r"\bdo(?:\s*\|[^|]*\|)?$|\{\s*\|[^|]*\|$|^(?:else|ensure)$"
-                       r"|^(?:def|class|module|if|unless|while|until|case|for|begin|elsif|when|rescue)\b(?!.*\bend$)"),
+    "ruby": re.compile(r"\bdo(?:\s*\|[^|]*\|)?$|\{\s*\|[^|]*\|$|^(?:else|ensure|begin|rescue)$"
+                       # a keyword with its operand (a bare `def` is a line still being typed)
+                       r"|^(?:def|class|module|if|unless|while|until|case|for|elsif|when|rescue)\s+\S(?!.*\bend$)"),
 }
 CLOSER_LINE_CHARS = set(")]};, \t")
 # A rest of line made of one of these is the closing half of a pair (an editor's auto-close) or a
@@ -202,20 +203,26 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
                 if line.rstrip() == anchor and not open_brackets("\n".join(lines[:i]), language):
                     return "\n".join(lines[:i])
             return text
-    anchors = {anchor} if len(anchor.strip()) >= 2 else set()
+    later: set[str] = set()
     if not rest_of_line:
         # The model sees the lines after the cursor's (a left-to-right prompt's suffix section) and may
         # copy one from a little further down (`return {` two lines below): a distinctive line of the
-        # next few is the code that follows too.
-        anchors |= {ln for ln in _code_lines(suffix.split("\n", 1)[1] if "\n" in suffix else "", LATER_ANCHORS)[1:]
-                    if len(ln.strip()) >= MIN_LATER_ANCHOR and not _only_closers(ln)}
-    if not anchors:
+        # next few is the code that follows too -- for a later line of the answer at the cursor's own
+        # indent, outside the answer's own brackets (an answer's `if err != nil {` body repeats real
+        # code further down; its first line is judged by the next line alone).
+        later = {ln for ln in _code_lines(suffix.split("\n", 1)[1] if "\n" in suffix else "", LATER_ANCHORS)[1:]
+                 if len(ln.strip()) >= MIN_LATER_ANCHOR and not _only_closers(ln)}
+    if len(anchor.strip()) < 2 and not later:
         return text
+    base = indent_of(line_before) if not line_before.strip() else -1
     for i, line in enumerate(lines):
         if i == 0:  # starts at the cursor, mid-line: compared without indentation
-            if not rest_of_line and (line_before + line).strip() in {a.strip() for a in anchors}:
+            if not rest_of_line and len(anchor.strip()) >= 2 and (line_before + line).strip() == anchor.strip():
                 return ""
-        elif (line.strip() if rest_of_line else line.rstrip()) in anchors:
+        elif (line.strip() if rest_of_line else line.rstrip()) == anchor and len(anchor.strip()) >= 2:
+            return "\n".join(lines[:i])
+        elif (line.rstrip() in later and indent_of(line) == base
+              and not open_brackets("\n".join(lines[:i]), language)):
             return "\n".join(lines[:i])
     return text
 
@@ -297,16 +304,13 @@ def balance_brackets(text: str, suffix: str, prefix: str = "", language: str = "
     chars = "".join(c for _, c in trailing)
     # Scanned as one text: a string the prefix opens may be closed by the completion.
     stack = open_brackets(prefix + text[: trailing[0][0]], language)
-    # The file's closers after the cursor close the innermost openers first: the line's (an auto-closed
-    # `Item{|}` closes that `{`), then the later lines' (the function's `}`). Where they do, the
-    # completion's closers count only against what they leave open (`Item{` + `ID: 1}` + `}` in a
-    # function: none). Where the first does not (the editor closed only the outer pairs: `g([h(|])`),
-    # the completion's close first, as written.
-    closed = _closing(_unmatched_closers(suffix, language), stack)
-    if closed:
-        extra = len(chars) - _closing(chars, stack[: len(stack) - closed])
-    else:
-        extra = len(chars) + len(ahead) - _closing(chars + ahead, stack)
+    # All the closers, the completion's then every one the file has after the cursor that closes
+    # nothing of its own (the line's auto-closed `}`, then the function's), against the openers left
+    # open: those beyond what they close are too many (`Item{` + `ID: 1}` + `}` + the function's `}`:
+    # one). The file's later closers count, not only the line's: `load([path(` + `"a")]),` with the
+    # call's `)` on the next line needs every one of its own.
+    later = "".join(_unmatched_closers(suffix, language))
+    extra = len(chars) + len(later) - _closing(chars + later, stack)
     for j in range(min(len(chars), len(ahead), extra), 0, -1):
         if chars[-j:] == ahead[:j]:
             return text[: trailing[-j][0]].rstrip(" \t")

@@ -259,6 +259,7 @@ def test_keyword_block_openers(language, line):
         ("shellscript", "    echo done"),
         ("ruby", "    return if done"),  # a modifier `if` opens no block
         ("ruby", "  def to_s; name; end"),
+        ("ruby", "  def"),  # a keyword still being typed: its name comes first
     ],
 )
 def test_lines_that_open_no_block(language, line):
@@ -301,9 +302,12 @@ def test_a_closing_line_is_kept_only_where_the_block_ends(prefix, text, suffix, 
 @pytest.mark.parametrize(
     "text, suffix, expected",
     [
-        # a copy of the second line below the cursor (the model saw it in the prompt's suffix section)
+        # an answer's first line is judged by the next line alone: `return {` two lines below may be new code
         ("return {", "\n        total = sum(x.price for x in items)\n        return {\n            'total': total,\n",
-         ""),
+         "return {"),
+        # a body the answer opened repeats lines below (Go's error checks): kept
+        ("if x is None:\n            return None", "\n        if y:\n            return None\n        return x\n",
+         "if x is None:\n            return None"),
         ("count = len(items)\n        return {",
          "\n        total = sum(x.price for x in items)\n        return {\n            'total': total,\n",
          "count = len(items)"),
@@ -318,3 +322,25 @@ def test_a_closing_line_is_kept_only_where_the_block_ends(prefix, text, suffix, 
 )
 def test_an_answer_stops_at_a_copy_of_one_of_the_next_few_lines(text, suffix, expected):
     assert postprocess(text, "def f(items):\n        ", suffix, "multi-line", language="python") == expected
+
+
+def test_a_go_error_check_repeating_one_further_down_is_kept():
+    suffix = "\n\tb, err := h()\n\tif err != nil {\n\t\treturn nil, err\n\t}\n\treturn b, nil\n}\n"
+    text = "if err != nil {\n\t\treturn nil, err\n\t}"
+    assert postprocess(text, "func f() (*T, error) {\n\ta, err := g()\n\t", suffix, "multi-line", 12,
+                       language="go") == text
+
+
+@pytest.mark.parametrize(
+    "language, prefix, text, suffix, mode, expected",
+    [
+        # the answer closes the inner openers itself; the next line's closer is the outer call's
+        ("python", "result = compute(\n    data=load([path(", '"a")]),', "\n)\n", "multi-line", '"a")]),'),
+        ("rust", "fn main() {\n    let cfg = Config { items: vec![Item { id: 1", " }] };", "\n}\n", "single-line",
+         " }] };"),
+        ("typescript", "function f() {\n  const cfg = { items: [{ id: 1", " }] };", "\n}\n", "single-line", " }] };"),
+    ],
+)
+def test_closers_an_answer_needs_are_kept_when_later_lines_close_outer_blocks(language, prefix, text, suffix, mode,
+                                                                                expected):
+    assert postprocess(text, prefix, suffix, mode, 12, language=language) == expected
