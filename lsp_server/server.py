@@ -667,7 +667,9 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
     async def completion(params: t.CompletionParams) -> t.CompletionList:
         if not app.wants_fallback():
             return t.CompletionList(is_incomplete=False, items=[])
-        found = await app.suggest(params.text_document.uri, params.position)
+        # LSP's Invoked covers Ctrl+Space (and a client's typing of an identifier): answered inside a word
+        invoked = params.context is not None and params.context.trigger_kind == t.CompletionTriggerKind.Invoked
+        found = await app.suggest(params.text_document.uri, params.position, invoked=invoked)
         doc = app.document(params.text_document.uri)
         if found is None or doc is None:
             return t.CompletionList(is_incomplete=True, items=[])

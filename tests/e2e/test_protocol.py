@@ -158,3 +158,21 @@ async def test_no_automatic_suggestion_inside_or_before_a_word(client: LanguageC
     await wait_for(client, lambda s: s["engine"]["state"] == "ready")
     assert [i.insert_text for i in items(await client.text_document_inline_completion_async(inline_params(mid)))] == [
         fake_text("def f():\n    return Pen")]
+
+
+async def test_an_invoked_popup_request_is_answered_inside_a_word(client: LanguageClient):
+    """A client without inline completion: Ctrl+Space (Invoked) inside a word gets the item; a trigger
+    character's request there does not."""
+    await initialize(client, "neovim", inline=False)
+    doc = "def f():\n    return Pending(x)"
+    open_doc(client, doc)
+    mid = t.Position(line=1, character=14)
+
+    async def ask(kind):
+        return (await client.text_document_completion_async(t.CompletionParams(
+            text_document=t.TextDocumentIdentifier(uri=URI), position=mid,
+            context=t.CompletionContext(trigger_kind=kind, trigger_character="n" if kind == 2 else None)))).items
+
+    assert not await ask(t.CompletionTriggerKind.TriggerCharacter)
+    (item,) = await ask(t.CompletionTriggerKind.Invoked)
+    assert item.text_edit.new_text == "Pen" + fake_text("def f():\n    return Pen")
