@@ -162,7 +162,7 @@ class Engine:
         max_lines = 1 if request.mode == "single-line" else limits.max_lines
         context = tuple(prompt_tokens[-1:])  # the answer is decoded after it (stops.decode_answer)
         rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s, limits.min_indent,
-                           healed=heal, context=context)
+                           healed=heal, context=context, closer_words=limits.closer_words)
         if request.mode == "single-line" and spec.single_line_drafter:
             spec = dataclasses.replace(spec, drafter=spec.single_line_drafter)
         drafter = None if self.speculation_off else (drafter or self.drafter_for(spec))

@@ -38,8 +38,10 @@ class _StopRules:
     """
 
     def __init__(self, tokenizer, stop: tuple[str, ...], max_lines: int, time_budget_s: float, min_indent: int = -1,
-                 healed: str = "", context: tuple[int, ...] = ()):
-        """`context`: the prompt's last token, decoded before the answer (decode_answer)."""
+                 healed: str = "", context: tuple[int, ...] = (), closer_words: tuple[str, ...] = ()):
+        """`context`: the prompt's last token, decoded before the answer (decode_answer); `closer_words`:
+        a dedented line of one of these closes the block as a `}` line does (Limits.closer_words)."""
+        self.closer_words = tuple(closer_words)
         self.tokenizer, self.stop, self.max_lines, self.budget = tokenizer, stop, max_lines, time_budget_s
         self.context = tuple(context)
         self.min_indent = min_indent
@@ -110,7 +112,8 @@ class _StopRules:
             nl = text.find("\n", self.line_start)
             line = text[self.line_start :] if nl < 0 else text[self.line_start : nl]
             if self.line_start and line.strip() and len(line) - len(line.lstrip()) < self.min_indent:
-                return nl >= 0 or not _only_closers(line)
+                # one that may still become a closing line is read to its end
+                return nl >= 0 or not (_only_closers(line) or any(w.startswith(line.strip()) for w in self.closer_words))
             if nl < 0:
                 return False
             self.line_start = nl + 1
@@ -125,7 +128,7 @@ class _StopRules:
         if (end := _repetition_end(text)) >= 0:
             # a loop inside a line is cut mid-line: that line goes too, as after a limit stop
             text = text[:end] if text[end : end + 1] in ("\n", "") else _drop_unfinished_line(text[:end])
-        if self.min_indent >= 0 and (end := _scope_end(text, self.min_indent)) >= 0:
+        if self.min_indent >= 0 and (end := _scope_end(text, self.min_indent, self.closer_words)) >= 0:
             text = text[:end]
         for s in self.stop:
             i = text.find(s)
@@ -178,12 +181,17 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:i]
 
 
-def _only_closers(line: str) -> bool:
+def _only_closers(line: str, words: tuple[str, ...] = ()) -> bool:
+    """A line that closes a block: closing brackets (with `;`/`,`), or one of `words` followed by such
+    (Lua's `end)` closing a function passed as an argument)."""
     stripped = line.strip()
+    core = stripped.rstrip("".join(CLOSER_LINE_CHARS))
+    if words and core in words:
+        return True
     return bool(stripped) and set(stripped) <= CLOSER_LINE_CHARS and not CLOSING_BRACKETS.isdisjoint(stripped)
 
 
-def _scope_end(text: str, min_indent: int) -> int:
+def _scope_end(text: str, min_indent: int, words: tuple[str, ...] = ()) -> int:
     """Where the answer leaves the cursor's scope; -1 if it does not.
 
     At the first later line that dedents below `min_indent`: the offset of the newline before it, or,
@@ -196,7 +204,7 @@ def _scope_end(text: str, min_indent: int) -> int:
         return -1
     for line in text[offset:].split("\n"):
         if line.strip() and len(line) - len(line.lstrip()) < min_indent:
-            if _only_closers(line):
+            if _only_closers(line, words):
                 return offset + len(line)  # it closes the block: kept, and the answer ends with it
             return offset - 1  # cut before the newline that led to it
         offset += len(line) + 1

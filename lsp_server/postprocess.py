@@ -23,6 +23,8 @@ _KEYWORD_OPENERS = {
                        r"|^(?:def|class|module|if|unless|while|until|case|for|elsif|when|rescue)\s+\S(?!.*\bend$)"),
 }
 CLOSER_LINE_CHARS = set(")]};, \t")
+# a line of one of these words (closers after it allowed: Lua's `end)`) closes a keyword block
+CLOSER_WORDS = {"lua": ("end",), "ruby": ("end",), "shellscript": ("fi", "done", "esac")}
 # A rest of line made of one of these is the closing half of a pair (an editor's auto-close) or a
 # statement's end; one the completion ends with again is dropped (brackets: balance_brackets).
 CLOSING_CHARS = set("\"'`:;,")
@@ -139,10 +141,21 @@ def cut_at_scope_end(text: str, prefix: str, suffix: str = "", language: str = "
         if not line.strip():
             continue
         if indent_of(line) < min_indent:
-            if _only_closers(line) and not block_goes_on:
+            if _closing_line(line, language) and not block_goes_on:
                 return "\n".join(lines[: i + 1])
             return "\n".join(lines[:i])
     return text
+
+
+def closer_words(language: str) -> tuple[str, ...]:
+    """The words whose line closes a block in ``language`` (Limits.closer_words)."""
+    return CLOSER_WORDS.get(language.lower(), ())
+
+
+def _closing_line(line: str, language: str = "") -> bool:
+    """A line that closes a block: closing brackets only, or the language's closing keyword."""
+    core = line.strip().rstrip(")]};, \t")
+    return _only_closers(line) or (bool(core) and core in closer_words(language))
 
 
 def _only_closers(line: str) -> bool:

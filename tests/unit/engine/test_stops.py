@@ -302,3 +302,17 @@ def test_the_engine_drops_the_line_its_token_limit_cut(model_dirs):
     for drafter in ("none", "hybrid"):
         res = engine.complete(limited, threading.Event(), SpecConfig(drafter=drafter))
         assert (res.text, res.stop_reason, res.tokens) == (kept, "max_tokens", whole.tokens[: first + 2]), drafter
+
+
+def test_a_keyword_closing_line_is_kept_as_a_bracket_one_is():
+    """Lua/Ruby `end`, the shell's `fi`: a dedented line of the language's closing word (Limits.closer_words)
+    ends the answer and is kept, whatever the chunking; without the words it is cut at its first letter."""
+    tok, ids = pieces(["\n", "    return 1", "\n", "  e", "nd", "\n", "  x = 2"])
+    for bounds in (range(1, len(ids) + 1), [len(ids)], [2, 4, len(ids)]):
+        rules = _StopRules(tok, (), 0, 0.0, 3, closer_words=("end",))
+        reason = next((r for b in bounds if (r := rules(ids[:b]))), None)
+        assert reason == "scope"
+        assert rules.cut(tok.decode(ids[:max(b for b in bounds if b <= len(ids))])) == "\n    return 1\n  end"
+    rules = _StopRules(tok, (), 0, 0.0, 3)
+    assert next(b for b in range(1, len(ids) + 1) if rules(ids[:b])) == 4  # at `  e`
+    assert rules.cut(tok.decode(ids[:4])) == "\n    return 1"

@@ -279,6 +279,7 @@ def test_the_request_for_a_keyword_block_opener_is_multi_line():
     snap = Snapshot("file:///q.lua", 1, "lua", "q.lua", "function f()\n  if x then", "\n  y()\nend\n")
     request = build_request(snap, CompletionConfig())
     assert request.mode == "multi-line" and request.limits.min_indent == 3
+    assert request.limits.closer_words == ("end",)  # the engine keeps the block's `end` line
 
 
 @pytest.mark.parametrize(
@@ -344,3 +345,22 @@ def test_a_go_error_check_repeating_one_further_down_is_kept():
 def test_closers_an_answer_needs_are_kept_when_later_lines_close_outer_blocks(language, prefix, text, suffix, mode,
                                                                                 expected):
     assert postprocess(text, prefix, suffix, mode, 12, language=language) == expected
+
+
+@pytest.mark.parametrize(
+    "language, prefix, text, suffix, expected",
+    [
+        ("lua", "function f(x)\n  if x then", "\n    return 1\n  end\n  y()", "\n  return 0\nend\n",
+         "\n    return 1\n  end"),
+        ("lua", "call(function()", "\n  x = 1\nend)\ny()", "\n", "\n  x = 1\nend)"),
+        ("shellscript", "for f in *; do", "\n  echo $f\ndone\necho ok", "\n", "\n  echo $f\ndone"),
+        ("ruby", "class Report\n  def top(n)", "\n    @rows.first(n)\n  end\n  def x", "\nend\n",
+         "\n    @rows.first(n)\n  end"),
+        # the block goes on after the cursor: its `end` is in the file already
+        ("lua", "function f(x)\n  if x then", "\n    return 1\n  end", "\n    y = 2\n  end\nend\n", "\n    return 1"),
+        # another language: `end` is a word like any
+        ("python", "def f():", "\n    return 1\nend", "\n", "\n    return 1"),
+    ],
+)
+def test_a_keyword_block_keeps_its_closing_line(language, prefix, text, suffix, expected):
+    assert postprocess(text, prefix, suffix, "multi-line", 12, language=language) == expected
