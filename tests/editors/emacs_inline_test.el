@@ -1,6 +1,7 @@
 ;; Batch: env DRAFTLINE_PY, REPO, FILE, OUT.  Ghost text: request, overlay shown, TAB's command accepts.
 (add-to-list 'load-path (expand-file-name "editors/emacs" (getenv "REPO")))
-(require 'eglot) (require 'draftline)
+(require 'eglot) (require 'draftline) (require 'cl-lib)
+(defvar draftline-test-kinds nil)
 (setq draftline-command (list (getenv "DRAFTLINE_PY") "-m" "lsp_server" "serve")
       draftline-settings '(:model (:target "fake" :options (:text "return a + b")) :completion (:debounce_ms 0) :index (:enabled :json-false)))
 (setq eglot-server-programs (list (cons draftline-modes (append (list 'draftline-eglot-server) draftline-command))))
@@ -20,8 +21,17 @@
   (let ((binding (key-binding (kbd "TAB"))))
     (when shown (draftline-accept))
     (accept-process-output nil 0.5)
+    ;; the trigger kind sent: 2 (automatic) from the idle timer's call, 1 (invoked) from the command
+    (let ((kinds nil))
+      (cl-letf (((symbol-function 'jsonrpc-async-request)
+                 (lambda (_server _method params &rest _)
+                   (push (plist-get (plist-get params :context) :triggerKind) kinds))))
+        (draftline-inline-request)
+        (call-interactively #'draftline-inline-request))
+      (setq draftline-test-kinds (reverse kinds)))
     (let ((status (jsonrpc-request (eglot-current-server) :draftline/status nil)))
       (with-temp-file (getenv "OUT")
+        (insert (format "kinds=%s\n" draftline-test-kinds))
         (insert (format "mode=%s\nshown=%s\ntab=%s\nline=%s\naccepted=%s\nshown_count=%s\n" mode (or shown "")
                         binding
                         (with-current-buffer (find-buffer-visiting (getenv "FILE"))

@@ -42,3 +42,6 @@ def test_emacs_ghost_text_inline_completion(tmp_path):
     assert "line=    return a + b" in report, report
     # client-side telemetry: didShowCompletion when shown, the item's command when accepted
     assert "accepted=1" in report and "shown_count=1" in report, report
+    # the idle timer's request is automatic (2); `M-x draftline-inline-request` is invoked (1), which the
+    # server answers inside a word too
+    assert "kinds=(2 1)" in report, report
