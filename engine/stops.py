@@ -6,9 +6,10 @@ from __future__ import annotations
 import re
 import time
 
-# a dedented line made of these only (and a closing bracket among them) closes the block:
-# lsp_server.postprocess.cut_at_scope_end keeps it and ends the answer there, so the rules do too
-# (its CLOSER_LINE_CHARS; the engine does not import the server)
+# a dedented line made of these only (and a closing bracket among them), or of a closing word
+# (Limits.closer_words) with them, closes the block: the rules keep it and end the answer there, as
+# lsp_server.postprocess.cut_at_scope_end does (unless the code after the cursor shows the block goes
+# on: the server knows the suffix; its CLOSER_LINE_CHARS; the engine does not import the server)
 CLOSING_BRACKETS = frozenset(")]}")
 CLOSER_LINE_CHARS = frozenset(")]};, \t")
 
