@@ -156,8 +156,8 @@ def _drop_unfinished_line(text: str) -> str:
     return text[: end - 1] if text[end - 1 : end] == "\r" else text[:end]  # a CRLF's "\r" goes with it
 
 
-# the answer's own brackets, its one-line strings skipped
-_ANSWER_BRACKETS = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'|[()\[\]{}]')
+# the answer's own brackets, its one-line strings skipped (a quote after `&` or `<` is a Rust lifetime)
+_ANSWER_BRACKETS = re.compile(r'"(?:\\.|[^"\\\n])*"|(?<![&<])\'(?:\\.|[^\'\\\n])*\'|[()\[\]{}]')
 
 
 def _balanced_line(text: str) -> bool:

@@ -316,3 +316,13 @@ def test_a_keyword_closing_line_is_kept_as_a_bracket_one_is():
     rules = _StopRules(tok, (), 0, 0.0, 3)
     assert next(b for b in range(1, len(ids) + 1) if rules(ids[:b])) == 4  # at `  e`
     assert rules.cut(tok.decode(ids[:4])) == "\n    return 1"
+
+
+def test_a_rust_lifetime_opens_no_string_in_the_answers_bracket_count():
+    """`&'a str) -> &'a` read as a string hid the `)` and the `}`: the answer looked unbalanced for good,
+    and the time budget never ended it (it ran to max_tokens)."""
+    from engine.stops import _balanced_line
+
+    assert _balanced_line("fn get(&self, key: &'a str) -> &'a str {\n    self.map[key]\n}")
+    assert not _balanced_line("fn get(&self, key: &'a str) -> &'a str {")
+    assert _balanced_line("x = f('(')") and _balanced_line("d = {'a': [1, 2]}")
