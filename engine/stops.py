@@ -7,9 +7,9 @@ import re
 import time
 
 # a dedented line made of these only (and a closing bracket among them), or of a closing word
-# (Limits.closer_words) with them, closes the block: the rules keep it and end the answer there, as
-# lsp_server.postprocess.cut_at_scope_end does (unless the code after the cursor shows the block goes
-# on: the server knows the suffix; its CLOSER_LINE_CHARS; the engine does not import the server)
+# (Limits.closer_words) with them, closes the block (closes_block): the rules keep it and end the answer
+# there, as lsp_server.postprocess.cut_at_scope_end does with the same test (unless the code after the
+# cursor shows the block goes on: the server knows the suffix)
 CLOSING_BRACKETS = frozenset(")]}")
 CLOSER_LINE_CHARS = frozenset(")]};, \t")
 
@@ -114,7 +114,7 @@ class _StopRules:
             line = text[self.line_start :] if nl < 0 else text[self.line_start : nl]
             if self.line_start and line.strip() and len(line) - len(line.lstrip()) < self.min_indent:
                 # one that may still become a closing line is read to its end
-                return nl >= 0 or not (_only_closers(line) or any(w.startswith(line.strip()) for w in self.closer_words))
+                return nl >= 0 or not (closes_block(line) or any(w.startswith(line.strip()) for w in self.closer_words))
             if nl < 0:
                 return False
             self.line_start = nl + 1
@@ -182,7 +182,7 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:i]
 
 
-def _only_closers(line: str, words: tuple[str, ...] = ()) -> bool:
+def closes_block(line: str, words: tuple[str, ...] = ()) -> bool:
     """A line that closes a block: closing brackets (with `;`/`,`), or one of `words` followed by such
     (Lua's `end)` closing a function passed as an argument)."""
     stripped = line.strip()
@@ -205,7 +205,7 @@ def _scope_end(text: str, min_indent: int, words: tuple[str, ...] = ()) -> int:
         return -1
     for line in text[offset:].split("\n"):
         if line.strip() and len(line) - len(line.lstrip()) < min_indent:
-            if _only_closers(line, words):
+            if closes_block(line, words):
                 return offset + len(line)  # it closes the block: kept, and the answer ends with it
             return offset - 1  # cut before the newline that led to it
         offset += len(line) + 1

@@ -7,6 +7,7 @@ import os
 import re
 from collections.abc import Sequence
 
+from engine.stops import closes_block
 from engine.types import Mode
 
 OPENERS = {"(": ")", "[": "]", "{": "}"}
@@ -22,7 +23,6 @@ _KEYWORD_OPENERS = {
                        # a keyword with its operand (a bare `def` is a line still being typed)
                        r"|^(?:def|class|module|if|unless|while|until|case|for|elsif|when|rescue)\s+\S(?!.*\bend$)"),
 }
-CLOSER_LINE_CHARS = set(")]};, \t")
 # a line of one of these words (closers after it allowed: Lua's `end)`) closes a keyword block
 CLOSER_WORDS = {"lua": ("end",), "ruby": ("end",), "shellscript": ("fi", "done", "esac")}
 # A rest of line made of one of these is the closing half of a pair (an editor's auto-close) or a
@@ -141,7 +141,7 @@ def cut_at_scope_end(text: str, prefix: str, suffix: str = "", language: str = "
         if not line.strip():
             continue
         if indent_of(line) < min_indent:
-            if _closing_line(line, language) and not block_goes_on:
+            if closes_block(line, closer_words(language)) and not block_goes_on:
                 return "\n".join(lines[: i + 1])
             return "\n".join(lines[:i])
     return text
@@ -150,17 +150,6 @@ def cut_at_scope_end(text: str, prefix: str, suffix: str = "", language: str = "
 def closer_words(language: str) -> tuple[str, ...]:
     """The words whose line closes a block in ``language`` (Limits.closer_words)."""
     return CLOSER_WORDS.get(language.lower(), ())
-
-
-def _closing_line(line: str, language: str = "") -> bool:
-    """A line that closes a block: closing brackets only, or the language's closing keyword."""
-    core = line.strip().rstrip(")]};, \t")
-    return _only_closers(line) or (bool(core) and core in closer_words(language))
-
-
-def _only_closers(line: str) -> bool:
-    stripped = line.strip()
-    return bool(stripped) and set(stripped) <= CLOSER_LINE_CHARS and any(c in CLOSERS for c in stripped)
 
 
 def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str = "") -> str:
@@ -203,36 +192,37 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
             if rest_of_line not in QUOTES or _count_quote(line_before + body[:-1], rest_of_line) % 2:
                 return body[:-1]
     lines = text.split("\n")
+    following = _code_lines(suffix.split("\n", 1)[1] if "\n" in suffix else "", LATER_ANCHORS)
+    later: set[str] = set()
     if rest_of_line:
         anchor = rest_of_line
     else:
         # The next code line, indentation kept: a later line of the completion repeats it only at the
         # same indent (``return None`` inside a new ``if`` body is new code, not the suffix's line).
-        anchor = _first_code_line(suffix.split("\n", 1)[1] if "\n" in suffix else "")
-        if _only_closers(anchor):
+        anchor = following[0] if following else ""
+        if closes_block(anchor):
             # The block's closing line (`  }`) follows: the completion's same line at the same indent
             # closes that block again, unless it closes a bracket the completion itself opened.
             for i, line in enumerate(lines[1:], start=1):
                 if line.rstrip() == anchor and not open_brackets("\n".join(lines[:i]), language):
                     return "\n".join(lines[:i])
             return text
-    later: set[str] = set()
-    if not rest_of_line:
         # The model sees the lines after the cursor's (a left-to-right prompt's suffix section) and may
         # copy one from a little further down (`return {` two lines below): a distinctive line of the
         # next few is the code that follows too -- for a later line of the answer at the cursor's own
         # indent, outside the answer's own brackets (an answer's `if err != nil {` body repeats real
         # code further down; its first line is judged by the next line alone).
-        later = {ln for ln in _code_lines(suffix.split("\n", 1)[1] if "\n" in suffix else "", LATER_ANCHORS)[1:]
-                 if len(ln.strip()) >= MIN_LATER_ANCHOR and not _only_closers(ln)}
-    if len(anchor.strip()) < 2 and not later:
+        later = {ln for ln in following[1:] if len(ln.strip()) >= MIN_LATER_ANCHOR and not closes_block(ln)}
+    if len(anchor.strip()) < 2:
+        anchor = ""  # too short to tell a copy from new code
+    if not anchor and not later:
         return text
     base = indent_of(line_before) if not line_before.strip() else -1
     for i, line in enumerate(lines):
         if i == 0:  # starts at the cursor, mid-line: compared without indentation
-            if not rest_of_line and len(anchor.strip()) >= 2 and (line_before + line).strip() == anchor.strip():
+            if not rest_of_line and anchor and (line_before + line).strip() == anchor.strip():
                 return ""
-        elif (line.strip() if rest_of_line else line.rstrip()) == anchor and len(anchor.strip()) >= 2:
+        elif anchor and (line.strip() if rest_of_line else line.rstrip()) == anchor:
             return "\n".join(lines[:i])
         elif (line.rstrip() in later and indent_of(line) == base
               and not open_brackets("\n".join(lines[:i]), language)):
