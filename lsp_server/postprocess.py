@@ -36,18 +36,25 @@ _BRACKET_TOKENS = re.compile(_STRINGS + r"|[()\[\]{}]")
 # Comments (and Python's triple-quoted strings) by language: brackets in them do not count either. A
 # language not listed keeps strings only (``//`` is Python's floor division, ``#`` C's preprocessor).
 _HASH = r"#[^\n]*"
-_SLASH = r"//[^\n]*|/\*[\s\S]*?\*/"
+# a shell word starts a comment (`${#items[@]}`, `$#` are code), as YAML's after a blank does
+_WORD_HASH = r"(?<![^\s;|&(])#[^\n]*"
+_BLOCK = r"/\*[\s\S]*?\*/"
+# not after `:` (a URL outside a string the rules know: a regex literal, CSS's bare `url(`) or `\` (`\//`)
+_SLASH = r"(?<![:\\])//[^\n]*|" + _BLOCK
 _DASH = r"--[^\n]*"
+# JavaScript's template literals and Go's raw strings: strings that may span lines
+_BACKTICK = r"`(?:\\.|[^`\\])*`"
 _COMMENTS = {
     **dict.fromkeys(("python",), r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'|' + _HASH),
-    **dict.fromkeys(("ruby", "shellscript", "perl", "r", "toml", "yaml", "makefile", "dockerfile", "elixir",
-                     "julia", "nim", "powershell", "coffeescript"), _HASH),
+    **dict.fromkeys(("ruby", "perl", "r", "toml", "makefile", "elixir", "julia", "nim", "powershell",
+                     "coffeescript"), _HASH),
+    **dict.fromkeys(("shellscript", "yaml", "dockerfile"), _WORD_HASH),
     # Rust: a quote is a char literal only around one character (``'a`` is a lifetime)
     **dict.fromkeys(("rust",), _SLASH + r"""|"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])'"""),
-    **dict.fromkeys(("c", "cpp", "cuda-cpp", "objective-c", "objective-cpp", "java", "javascript",
-                     "javascriptreact", "typescript", "typescriptreact", "go", "csharp", "kotlin",
-                     "swift", "scala", "dart", "zig", "groovy", "jsonc", "proto", "solidity", "css", "scss",
-                     "less"), _SLASH),
+    **dict.fromkeys(("javascript", "javascriptreact", "typescript", "typescriptreact", "go"), _BACKTICK + "|" + _SLASH),
+    **dict.fromkeys(("c", "cpp", "cuda-cpp", "objective-c", "objective-cpp", "java", "csharp", "kotlin",
+                     "swift", "scala", "dart", "zig", "groovy", "jsonc", "proto", "solidity", "scss", "less"), _SLASH),
+    **dict.fromkeys(("css",), _BLOCK),  # no line comments
     **dict.fromkeys(("php",), _SLASH + "|" + _HASH),
     **dict.fromkeys(("lua", "sql", "haskell", "ada", "elm"), _DASH),
     **dict.fromkeys(("emacs-lisp", "lisp", "commonlisp", "scheme", "racket", "clojure", "fennel"), r";[^\n]*"),
@@ -249,7 +256,7 @@ def _cut_at_closer(text: str, closer: str, line_before: str, language: str = "")
     if closer not in CLOSERS:
         return None
     depth = 0
-    for i, c in _code_brackets(text, language):
+    for i, c in _code_brackets(text, language, line_before):
         if c in OPENERS:
             depth += 1
         elif depth:
@@ -300,7 +307,7 @@ def balance_brackets(text: str, suffix: str, prefix: str = "", language: str = "
     together beyond the brackets left open before them (by the prefix and the completion) -- in
     ``foo(bar(`` + ``x)`` + ``)`` both closers are needed. A ``,``/``;`` after a kept closer stays.
     """
-    trailing = _trailing_unmatched_closers(text, language)  # [(index, char)] in text order
+    trailing = _trailing_unmatched_closers(text, language, prefix.rsplit("\n", 1)[-1])  # [(index, char)]
     if not trailing:
         return text
     ahead = "".join(c for c in _leading_closer_run(suffix) if c in CLOSERS)
@@ -331,12 +338,24 @@ def _closing(closers: Sequence[str], stack: Sequence[str]) -> int:
     return n
 
 
-def _code_brackets(text: str, language: str = "") -> list[tuple[int, str]]:
-    """The brackets of ``text`` (offset, character) outside its one-line strings and the comments of
-    ``language`` (a Rust lifetime's ``'`` opens no string). A quote that has no partner on its line is
-    no string: it closes one the prefix opened (`print("a (` + `b")`)."""
-    return [(m.start(), m.group()) for m in _bracket_tokens(language).finditer(text)
-            if m.group() in OPENERS or m.group() in CLOSERS]
+def _code_brackets(text: str, language: str = "", lead: str = "") -> list[tuple[int, str]]:
+    """The brackets of ``text`` (offset, character) outside its strings and the comments of ``language``
+    (a Rust lifetime's ``'`` opens no string). ``lead``: the cursor line's text before ``text``, read
+    with it (`print("color: ` + `#fff")`: the string goes on, no comment), unless the cursor is in a
+    comment (`# see f(` + `x)`) or in code inside a string (`${`, `f"{`): the answer is read alone. A quote that has no partner is no
+    string: it closes one the prefix opened (`print("a (` + `b")`)."""
+    tokens = _bracket_tokens(language)
+    n = len(lead)
+    whole = lead + text
+    if n:
+        for m in tokens.finditer(whole):
+            if m.end() > n:
+                opened = m.group()[: n - m.start()]
+                if m.start() < n and (m.group()[0] not in QUOTES or opened.count("{") > opened.count("}")):
+                    n, whole = 0, text  # a comment the cursor is in, or code in a string (`${`, f"{")
+                break
+    return [(m.start() - n, m.group()) for m in tokens.finditer(whole)
+            if m.start() >= n and (m.group() in OPENERS or m.group() in CLOSERS)]
 
 
 def _unmatched_closers(code: str, language: str = "") -> list[str]:
@@ -412,11 +431,12 @@ def _stray_after(code: str, spans: Sequence[tuple[int, int]] = ()):
     return kept
 
 
-def _trailing_unmatched_closers(text: str, language: str = "") -> list[tuple[int, str]]:
-    """The closers at the end of ``text`` that close no opener of its own (its strings' skipped)."""
+def _trailing_unmatched_closers(text: str, language: str = "", lead: str = "") -> list[tuple[int, str]]:
+    """The closers at the end of ``text`` that close no opener of its own (its strings' skipped; ``lead``:
+    the cursor line before it, as _code_brackets reads it)."""
     stack: list[str] = []
     unmatched: list[tuple[int, str]] = []
-    for i, c in _code_brackets(text, language):
+    for i, c in _code_brackets(text, language, lead):
         if c in OPENERS:
             stack.append(c)
         elif stack and stack[-1] == CLOSERS[c]:

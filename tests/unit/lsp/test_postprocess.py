@@ -219,6 +219,28 @@ def test_the_completions_strings_follow_the_language(language, prefix, text, suf
 
 
 @pytest.mark.parametrize(
+    "language, prefix, text, suffix, expected",
+    [
+        # no comment inside a template literal, a raw string, a regex, CSS's bare url(), a shell
+        # parameter's `${#`, nor in a string the cursor's line opened: the answer's `)` is the line's
+        ("javascript", "async function get(id) {\n  const r = await fetch(", "`https://api.example.com/users/${id}`)",
+         ")\n}\n", "`https://api.example.com/users/${id}`"),
+        ("typescript", "function host(u: string) {\n  return u.replace(", "/^https?:\\/\\//, '')", ")\n}\n",
+         "/^https?:\\/\\//, ''"),
+        ("go", "var urlRe = regexp.MustCompile(", "`https?://[^\\s]+`)", ")\n", "`https?://[^\\s]+`"),
+        ("css", ".hero {\n  background: url(", "https://example.com/bg.png);", ")\n}\n", "https://example.com/bg.png"),
+        ("shellscript", "count() {\n  n=$(", "echo ${#items[@]})", ")\n}\n", "echo ${#items[@]}"),
+        ("ruby", 'def greet(name)\n  puts("Hello, ', '#{name}!")', ")\nend\n", '#{name}!"'),
+        ("python", 'def f():\n    print("color: ', '#fff")', ")\n", '#fff"'),
+        # the cursor in a comment: the answer's brackets are read as code (its `)` is the line's)
+        ("python", "def f():\n    x = 1  # see foo(", "bar)", ")\n", "bar"),
+    ],
+)
+def test_strings_and_comments_are_read_with_the_cursor_s_line(language, prefix, text, suffix, expected):
+    assert postprocess(text, prefix, suffix, "single-line", language=language) == expected
+
+
+@pytest.mark.parametrize(
     "language, line",
     [
         ("lua", "  if self.first > self.last then"),
