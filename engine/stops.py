@@ -114,7 +114,8 @@ class _StopRules:
             line = text[self.line_start :] if nl < 0 else text[self.line_start : nl]
             if self.line_start and line.strip() and len(line) - len(line.lstrip()) < self.min_indent:
                 # one that may still become a closing line is read to its end
-                return nl >= 0 or not (closes_block(line) or any(w.startswith(line.strip()) for w in self.closer_words))
+                return nl >= 0 or not (closes_block(line, self.closer_words)
+                                       or any(w.startswith(line.strip()) for w in self.closer_words))
             if nl < 0:
                 return False
             self.line_start = nl + 1
@@ -183,13 +184,16 @@ def _common_prefix(a: str, b: str) -> str:
 
 
 def closes_block(line: str, words: tuple[str, ...] = ()) -> bool:
-    """A line that closes a block: closing brackets (with `;`/`,`), or one of `words` followed by such
-    (Lua's `end)` closing a function passed as an argument)."""
+    """A line that closes a block: closing brackets (with `;`/`,`), or one that starts with one of `words`
+    as a whole word (reserved words: Lua's `end)` closing a function passed as an argument, Ruby's
+    `end.compact`, a shell loop's `done < "$1"` or `done | sort`, `fi # ok`)."""
     stripped = line.strip()
-    core = stripped.rstrip("".join(CLOSER_LINE_CHARS))
-    if words and core in words:
+    if words and (word := _FIRST_WORD.match(stripped)) and word.group() in words:
         return True
     return bool(stripped) and set(stripped) <= CLOSER_LINE_CHARS and not CLOSING_BRACKETS.isdisjoint(stripped)
+
+
+_FIRST_WORD = re.compile(r"\w+")
 
 
 def _scope_end(text: str, min_indent: int, words: tuple[str, ...] = ()) -> int:

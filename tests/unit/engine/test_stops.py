@@ -310,12 +310,36 @@ def test_a_keyword_closing_line_is_kept_as_a_bracket_one_is():
     tok, ids = pieces(["\n", "    return 1", "\n", "  e", "nd", "\n", "  x = 2"])
     for bounds in (range(1, len(ids) + 1), [len(ids)], [2, 4, len(ids)]):
         rules = _StopRules(tok, (), 0, 0.0, 3, closer_words=("end",))
-        reason = next((r for b in bounds if (r := rules(ids[:b]))), None)
-        assert reason == "scope"
-        assert rules.cut(tok.decode(ids[:max(b for b in bounds if b <= len(ids))])) == "\n    return 1\n  end"
+        fired = next(b for b in bounds if rules(ids[:b]))
+        assert rules.reason == "scope"
+        assert rules.cut(tok.decode(ids[:fired])) == "\n    return 1\n  end"
     rules = _StopRules(tok, (), 0, 0.0, 3)
     assert next(b for b in range(1, len(ids) + 1) if rules(ids[:b])) == 4  # at `  e`
     assert rules.cut(tok.decode(ids[:4])) == "\n    return 1"
+
+
+@pytest.mark.parametrize(
+    "words, line, kept",
+    [
+        # the closing word with closers after it (a function passed as an argument, a table's field):
+        # kept whole, as `}))` is
+        (("end",), ["  end", ")", ")"], True),
+        (("end",), ["  end", " }", ")"], True),
+        (("end",), ["  end", ".compact"], True),  # Ruby: a block's end with a call on it
+        # a shell loop's `done` with its redirect or pipe, a `fi` with a comment
+        (("fi", "done", "esac"), ["  done", ' < "$1"'], True),
+        (("fi", "done", "esac"), ["  done", " |", " sort"], True),
+        (("fi", "done", "esac"), ["  fi", " # ok"], True),
+        # a word that only starts like one is the next statement: cut before its line
+        (("end",), ["  end", "_time", " = 1"], False),
+    ],
+)
+def test_a_keyword_closing_line_is_read_to_its_end(words, line, kept):
+    tok, ids = pieces(["\n", "    x = 1", "\n", *line, "\n", "  y()"])
+    rules = _StopRules(tok, (), 0, 0.0, 3, closer_words=words)
+    fired = next(b for b in range(1, len(ids) + 1) if rules(ids[:b]))
+    assert rules.reason == "scope"
+    assert rules.cut(tok.decode(ids[:fired])) == "\n    x = 1" + ("\n" + "".join(line) if kept else "")
 
 
 def test_a_rust_lifetime_opens_no_string_in_the_answers_bracket_count():

@@ -297,6 +297,13 @@ def test_a_keyword_block_answer_stays_in_the_block():
     assert postprocess(text, prefix, suffix, "multi-line", language="lua") == "\n    self.first = 0"
 
 
+@pytest.mark.parametrize("closer", ['done < "$1"', "done | sort", 'done <<< "$data"', "done # lines"])
+def test_a_shell_loop_s_done_line_with_a_redirect_closes_it(closer):
+    prefix = "count_lines() {\n  while read -r line; do"
+    text = '\n    echo "$line"\n  ' + closer + "\n  echo ok"
+    assert postprocess(text, prefix, "\n}\n", "multi-line", language="shellscript") == text.rsplit("\n", 1)[0]
+
+
 def test_the_request_for_a_keyword_block_opener_is_multi_line():
     snap = Snapshot("file:///q.lua", 1, "lua", "q.lua", "function f()\n  if x then", "\n  y()\nend\n")
     request = build_request(snap, CompletionConfig())
