@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import os
 import re
+from collections import Counter
 from collections.abc import Sequence
 
 from engine.stops import closes_block
@@ -219,7 +220,12 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
         # next few is the code that follows too -- for a later line of the answer at the cursor's own
         # indent, outside the answer's own brackets (an answer's `if err != nil {` body repeats real
         # code further down; its first line is judged by the next line alone).
+        # A line the file has more than once (above the cursor or further down) is a pattern the code
+        # repeats, not a copy: Go's `if err != nil {` after a new call, a test's assert.
         later = {ln for ln in following[1:] if len(ln.strip()) >= MIN_LATER_ANCHOR and not closes_block(ln)}
+        if later:
+            seen = Counter(line.strip() for line in prefix.split("\n")[:-1] + suffix.split("\n")[1:])
+            later = {ln for ln in later if seen[ln.strip()] < 2}
     if len(anchor.strip()) < 2:
         anchor = ""  # too short to tell a copy from new code
     if not anchor and not later:

@@ -362,6 +362,22 @@ def test_a_go_error_check_repeating_one_further_down_is_kept():
 
 
 @pytest.mark.parametrize(
+    "language, prefix, text, suffix",
+    [
+        # a call, then its check: the file has the check above and below (a pattern it repeats)
+        ("go", "func load() (*T, error) {\n\ta, err := readA()\n\tif err != nil {\n\t\treturn nil, err\n\t}\n\t",
+         "b, err := readB(a)\n\tif err != nil {\n\t\treturn nil, err\n\t}",
+         "\n\tc, err := readC(a)\n\tif err != nil {\n\t\treturn nil, err\n\t}\n\treturn c, nil\n}\n"),
+        ("python", 'def test_pages(client):\n    resp = client.get("/a")\n    assert resp.status_code == 200\n    ',
+         'resp = client.get("/b")\n    assert resp.status_code == 200',
+         '\n    resp = client.get("/c")\n    assert resp.status_code == 200\n'),
+    ],
+)
+def test_a_line_the_file_repeats_is_no_copy_of_the_code_below(language, prefix, text, suffix):
+    assert postprocess(text, prefix, suffix, "multi-line", 12, language=language) == text
+
+
+@pytest.mark.parametrize(
     "language, prefix, text, suffix, mode, expected",
     [
         # the answer closes the inner openers itself; the next line's closer is the outer call's
