@@ -232,8 +232,11 @@ class PromptBuilder:
         if self.template.order != "none":
             suffix = self._fit_lines(request.suffix, suffix_budget, head=True)
         elif self.template.suffix_section and suffix_budget and request.path:
-            # a long rest of file is cut by characters first (a token is rarely under 1 character)
-            after = section_text(request.suffix)[: suffix_budget * 8]
+            # a long rest of file is cut by characters first (a token is rarely under 1 character), at a
+            # line end: _fit_lines keeps a text that fits as it is, and the section shows whole lines
+            after = section_text(request.suffix)
+            if len(after) > suffix_budget * 8:
+                after = after[: after.rfind("\n", 0, suffix_budget * 8) + 1]
             suffix = self._fit_lines(after, suffix_budget, head=True) if after.strip() else ""
         else:
             suffix = ""

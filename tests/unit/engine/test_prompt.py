@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -208,6 +209,25 @@ def test_smollm_shows_the_lines_after_the_cursor_s_line_as_a_section_of_the_file
     assert off.count("core.py") == 1 and off.endswith(current)
     assert builder.build(replace(req, suffix=")\n\n  \n")).render().count("core.py") == 1
     assert "total +=" not in builder.build(replace(req, path="")).render()
+
+
+def test_the_section_shows_whole_lines_where_the_character_cut_decides():
+    """Token-cheap lines (a ruler, here 40 characters a token): the text cut by characters fits the
+    token budget as it is, and its last line was shown half (the model read it as a whole line)."""
+
+    class Runs(_BosTokenizer):
+        def __call__(self, text, add_special_tokens=True, return_offsets_mapping=False):
+            spans = [m.span() for m in re.finditer(r"-{1,40}|.", text, re.S)]
+            return {"input_ids": [100 + ord(text[a]) for a, _ in spans], "offset_mapping": spans}
+
+        def encode(self, text, add_special_tokens=True):
+            return self(text)["input_ids"]
+
+    ruler = "    # " + "-" * 114 + "\n"
+    req = CompletionRequest(prefix="x = (", suffix=")\n" + ruler * 20, path="a.py")
+    section = PromptBuilder(SMOLLM, Runs(False), PromptBudget(total=400)).build(req).render().split("<file_sep>")[1]
+    lines = section[len("a.py\n"):].rstrip("\n").split("\n")
+    assert 1 <= len(lines) < 20 and all(line + "\n" == ruler for line in lines)
 
 
 def test_a_long_rest_of_file_is_cut_before_it_is_tokenized():
