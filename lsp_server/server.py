@@ -794,4 +794,12 @@ def run_serve(args: Any) -> int:
         return 0
     ls = build_server(getattr(args, "config", None))
     ls.start_io()
-    return 0 if ls.protocol._shutdown else 1  # LSP: `exit` without `shutdown` (or the client gone) is 1
+    code = 0 if ls.protocol._shutdown else 1  # LSP: `exit` without `shutdown` (or the client gone) is 1
+    # `exit` ends the process now: the interpreter's own exit would wait for the engine thread's prefill
+    # or a first start's model conversion in flight (5-8 s measured, a minute for a conversion); the
+    # session is closed and nothing of it is left to write
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(ValueError, OSError):  # the writer closed stdout at `exit`
+            stream.flush()
+    os._exit(code)

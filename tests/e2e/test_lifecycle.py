@@ -29,18 +29,23 @@ def replies(out: bytes) -> list[dict]:
     return found
 
 
-def run(messages: list[dict], pause_before: dict[int, float] | None = None) -> tuple[int, list[dict], bytes]:
+def run(messages: list[dict], pause_before: dict[int, float] | None = None, options: dict = OPTIONS,
+        timeout: float = 60) -> tuple[int, list[dict], bytes]:
     """Start `draftline serve`, write ``messages`` (waiting ``pause_before[i]`` s before message i), wait
     for it to end; (exit code, its replies, its stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "lsp_server", "serve"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=server_env())
     init = {"id": 0, "method": "initialize", "params": {"processId": None, "capabilities": {},
-                                                         "initializationOptions": OPTIONS}}
+                                                         "initializationOptions": options}}
     for i, message in enumerate([init, {"method": "initialized", "params": {}}, *messages]):
         time.sleep((pause_before or {}).get(i - 2, 0.0))
         proc.stdin.write(frame(message))
         proc.stdin.flush()
-    out, err = proc.communicate(timeout=60)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
     return proc.returncode, replies(out), err
 
 
@@ -64,3 +69,15 @@ def test_an_exit_while_a_generation_runs_ends_quietly():
                      pause_before={1: 2.0, 2: 1.0})  # the model is loaded; the generation has started
     assert rc == 1
     assert len(err) < 100_000, err[-2000:]  # it wrote 9 MB of tracebacks, each failed write reported again
+
+
+def test_an_exit_does_not_wait_for_the_engine_thread():
+    """A step the engine cannot interrupt (a prefill chunk, a first start's model conversion: here a
+    fake step of 120 s) does not hold the process after `exit`: it waited for the engine thread."""
+    slow = {"draftline": {**OPTIONS["draftline"], "model": {"target": "fake", "options": {"step_s": 120}}}}
+    doc = {"textDocument": {"uri": "file:///x.py", "languageId": "python", "version": 1, "text": "x = 1\n"}}
+    ask = {"id": 5, "method": "textDocument/inlineCompletion", "params": {
+        "textDocument": {"uri": "file:///x.py"}, "position": {"line": 1, "character": 0}, "context": {"triggerKind": 2}}}
+    rc, got, _ = run([{"method": "textDocument/didOpen", "params": doc}, ask, {"id": 6, "method": "shutdown"},
+                      {"method": "exit"}], pause_before={1: 2.0, 2: 1.0}, options=slow, timeout=60)
+    assert rc == 0 and any(r.get("id") == 6 for r in got)
