@@ -22,7 +22,8 @@ from lsprotocol import types as t
 from pygls.lsp.server import LanguageServer
 from pygls.protocol import JsonRPCNotification, LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
-from pygls.exceptions import FeatureNotificationError, JsonRpcInternalError, JsonRpcInvalidParams, JsonRpcInvalidRequest
+from pygls.exceptions import (FeatureNotificationError, JsonRpcException, JsonRpcInternalError, JsonRpcInvalidParams,
+                              JsonRpcInvalidRequest, JsonRpcParseError, JsonRpcServerNotInitialized)
 from pygls.uris import to_fs_path
 
 from lsp_server.completer import Completer, build_request, context_for
@@ -45,10 +46,15 @@ _WORD_START = re.compile(r"\w")  # what follows the cursor starts a word (comple
 
 
 class DraftlineProtocol(LanguageServerProtocol):
-    """pygls' protocol, but a request whose params do not parse gets -32602 instead of silence, and in
-    a daemon's session `exit` ends the session (its connection), not the process."""
+    """pygls' protocol, with the JSON-RPC and LSP rules it leaves out: a request whose params do not
+    parse gets -32602 instead of silence, one with no params member is read as params null (JSON-RPC
+    allows it), one with an id that is neither a number nor a string gets -32600; before
+    ``initialize`` a request gets -32002 and a notification is dropped (LSP), a second ``initialize``
+    gets -32600 (it reset the session: open documents, roots); a notification that does not parse is
+    logged and dropped. In a daemon's session `exit` ends the session (its connection), not the process."""
 
     session_stop: threading.Event | None = None  # set by lsp_server.daemon for each connection
+    _initialize_seen = False
 
     @lsp_method(t.EXIT)
     def lsp_exit(self, *args: Any):
@@ -62,29 +68,64 @@ class DraftlineProtocol(LanguageServerProtocol):
             self.writer.close()
 
     def handle_message(self, message: Any) -> None:
-        """After ``shutdown`` a request gets an InvalidRequest error (LSP), not silence."""
-        if self._shutdown and getattr(message, "method", "") != t.EXIT and getattr(message, "id", None) is not None \
-                and hasattr(message, "method"):
-            error = JsonRpcInvalidRequest(f"{message.method}: the server is shutting down")
+        method = getattr(message, "method", None)
+        request = method is not None and getattr(message, "id", None) is not None
+        if method == DROPPED:
+            return
+        if request and method == t.INITIALIZE:
+            if self._initialize_seen:
+                error = JsonRpcInvalidRequest("initialize: the session is initialized already")
+                self._send_response(message.id, error=error.to_response_error())
+                return
+            self._initialize_seen = True
+        elif method is not None and not self._initialize_seen and method != t.EXIT:
+            if request:
+                error = JsonRpcServerNotInitialized(f"{method}: the server is not initialized yet")
+                self._send_response(message.id, error=error.to_response_error())
+            else:
+                log.warning("a %s notification before initialize (dropped)", method)
+            return
+        if self._shutdown and method != t.EXIT and request:
+            error = JsonRpcInvalidRequest(f"{method}: the server is shutting down")  # LSP; pygls kept silent
             self._send_response(message.id, error=error.to_response_error())
             return
         super().handle_message(message)
 
     def structure_message(self, data: dict[str, Any]):
+        if "jsonrpc" in data and "method" in data:
+            msg_id = data.get("id")
+            if "id" in data and (not isinstance(msg_id, (int, str)) or isinstance(msg_id, bool)):
+                error = JsonRpcInvalidRequest(f"{data['method']}: an id must be a number or a string")
+                self.send_error_without_id(error)
+                return JsonRPCNotification(method=DROPPED, jsonrpc="2.0", params=None)
+            data.setdefault("params", None)
         try:
             return super().structure_message(data)
         except Exception as exc:
-            if "jsonrpc" not in data or "id" not in data or "method" not in data:
+            if "jsonrpc" not in data or "method" not in data:
                 raise
+            if "id" not in data:  # a notification: nobody to answer, and no reason to bother the user
+                log.warning("a %s notification with invalid params (dropped): %s", data["method"], exc.__cause__ or exc)
+                return JsonRPCNotification(method=DROPPED, jsonrpc="2.0", params=None)
             error = JsonRpcInvalidParams(f"invalid params for {data.get('method')}: {exc.__cause__ or exc}")
             self._send_response(data["id"], error=error.to_response_error())
-            return JsonRPCNotification(method="$/draftline/answeredInvalid", jsonrpc="2.0", params=None)
+            return JsonRPCNotification(method=DROPPED, jsonrpc="2.0", params=None)
+
+    def send_error_without_id(self, error: JsonRpcException) -> None:
+        """An error reply with ``"id": null`` (JSON-RPC, where the id is unknown; pygls' own reply drops a
+        null id)."""
+        reply = error.to_response_error()
+        self._send_data({"jsonrpc": "2.0", "id": None, "error": {"code": reply.code, "message": reply.message}})
+
+
+DROPPED = "$/draftline/dropped"  # what an invalid message becomes once answered or logged
 
 
 class DraftlineServer(LanguageServer):
     """pygls' server, but a notification that fails is logged, not shown: pygls pops up "Error in
     server: KeyError" in the editor for what is mostly a client's slip (a change to a document it never
-    opened, a cancel with an odd id), and the server goes on either way."""
+    opened, a cancel with an odd id), and the server goes on either way. A body that is not JSON gets
+    the -32700 reply JSON-RPC asks for (id null), and a log line."""
 
     def report_server_error(self, error: Exception, source: Any) -> None:
         if source is FeatureNotificationError:
@@ -92,6 +133,12 @@ class DraftlineServer(LanguageServer):
             return
         if source is JsonRpcInternalError:  # a write to the client failed: telling the client fails too
             return  # (pygls then reported that failure, and so on: 9 MB of tracebacks after an `exit`)
+        if source is JsonRpcException:  # a message that could not be read at all
+            if isinstance(error, ValueError):  # json.JSONDecodeError
+                with contextlib.suppress(Exception):
+                    self.protocol.send_error_without_id(JsonRpcParseError(f"not JSON: {error}"))
+            log.warning("a message could not be read (ignored): %s: %s", type(error).__name__, error)
+            return
         super().report_server_error(error, source)
 
 
