@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import tomllib
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,12 +173,61 @@ def _well_typed(layer: Mapping[str, Any], cls: type, where: str = "") -> dict[st
             if isinstance(value, Mapping):
                 out[key] = _well_typed(value, type(default), f"{where}{key}.")
                 continue
+        elif default is None and (kind := _OPTIONAL_KINDS.get(key)) is not None:
+            if value is None or isinstance(value, kind):
+                out[key] = value
+                continue
+            log.warning("config %s%s: ignoring %r (not a %s)", where, key, value,
+                        "table" if kind is Mapping else kind.__name__)
+            continue
         elif default is None or _coerce(value, default) is not None:
-            out[key] = value  # a field without a type to check (None by default) takes what it is given
+            if (problem := _out_of_range(cls, key, value)) is None:
+                out[key] = value
+            else:
+                log.warning("config %s%s: ignoring %r (%s)", where, key, value, problem)
             continue
         log.warning("config %s%s: ignoring %r (not a %s)", where, key, value,
                     "table" if dataclasses.is_dataclass(default) else type(default).__name__)
     return out
+
+
+# the fields None by default and what else they may hold (a route table given as a string failed later
+# with "dictionary update sequence element #0 ...")
+_OPTIONAL_KINDS: Mapping[str, type] = {"draft": str, "remote": Mapping, "routes": Mapping}
+# (least, most) a number may be, by table and key; None: no bound. Out of range a value did harm: a
+# debounce of 1e9 ms (or Infinity) left every request unanswered, cache_size = -1 made every
+# completion fail, max_tokens = -5 cut answers, prefix_chars = 0 gave the model no prefix.
+_RANGES: Mapping[str, Mapping[str, tuple[float | None, float | None]]] = {
+    "CompletionConfig": {
+        "debounce_ms": (0, 10_000), "prefix_chars": (1, None), "suffix_chars": (0, None), "window_quantum": (1, None),
+        "max_tokens": (1, None), "max_lines_multi": (1, None), "time_budget_s": (0, None), "snippets": (0, None),
+        "digest_share": (0, 1), "definitions": (0, None), "definition_lines": (1, None), "query_lines": (1, None),
+        "cache_size": (0, None),
+    },
+    "IndexSettings": {"overlay_delay_ms": (0, 600_000)},
+    "MonitorConfig": {
+        "window_s": (1e-3, None), "min_samples": (1, None), "recover_s": (0, None), "recover_samples": (0, None),
+        "latency_ok_ms": (0, None), "latency_alert_ms": (0, None), "degraded_gamma": (-1, None),
+        "acceptance_ok": (0, 1), "acceptance_alert": (0, 1), "min_proposed": (1, None), "probe_s": (1e-3, None),
+        "memory_ok": (0, 1), "memory_alert": (0, 1), "self_check_every": (-1, None), "transitions": (0, None),
+    },
+}
+
+
+def _out_of_range(cls: type, key: str, value: Any) -> str | None:
+    """Why ``value`` does not fit ``cls.key`` (a number out of its range or not finite, a choice not among
+    the field's), or None."""
+    hint = typing.get_type_hints(cls).get(key)
+    if typing.get_origin(hint) is Literal and value not in typing.get_args(hint):
+        return "one of " + ", ".join(map(repr, typing.get_args(hint)))
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value):
+        return "not a finite number"
+    least, most = _RANGES.get(cls.__name__, {}).get(key, (None, None))
+    if least is not None and value < least or most is not None and value > most:
+        return f"outside {least if least is not None else '-inf'}..{most if most is not None else 'inf'}"
+    return None
 
 
 def _merge(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -340,6 +391,8 @@ def _coerce(value: Any, default: Any) -> Any:
     if isinstance(default, bool):
         return value if isinstance(value, bool) else None
     if isinstance(default, (int, float)) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(default, int) and not math.isfinite(value):
+            return None  # int(inf) raises
         return type(default)(value)
     if isinstance(default, str):
         return value if isinstance(value, str) else None

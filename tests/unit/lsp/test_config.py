@@ -56,3 +56,27 @@ def test_a_null_or_ill_typed_value_leaves_the_layer_below_in_force(tmp_path, cap
     # a null where no type is known (None by default) still clears the layer below: `draft = null`
     cfg = resolve_config(user_file=user, init_options={"model": {"draft": "d"}}, client_settings={"model": {"draft": None}})
     assert cfg.model.draft is None
+
+
+def test_a_value_out_of_its_range_leaves_the_layer_below_in_force(tmp_path, caplog):
+    """Well typed but harmful: a debounce of 1e9 ms or Infinity (every request unanswered), cache_size -1
+    (every completion failed), max_tokens -5, a mode not among the choices, a route table given as a
+    string, an int of 1e400 (int(inf) raised while the config was read)."""
+    import logging
+
+    init = {"completion": {"debounce_ms": 20, "cache_size": 50, "max_tokens": 40, "mode": "multi",
+                           "digest_share": 0.5}, "monitor": {"window_s": 30.0}}
+    pushed = {"completion": {"debounce_ms": float("inf"), "cache_size": -1, "max_tokens": -5, "mode": "weird",
+                             "digest_share": 1.5, "prefix_chars": 1e400, "suffix_chars": 0},
+              "monitor": {"window_s": 0}, "model": {"routes": "x"}}
+    with caplog.at_level(logging.WARNING, logger="lsp_server.config"):
+        cfg = resolve_config(user_file=tmp_path / "absent.toml", init_options=init, client_settings=pushed)
+        assert resolve_config(user_file=tmp_path / "absent.toml",
+                              client_settings={"completion": {"debounce_ms": 1e9}}).completion.debounce_ms == 10.0
+    c = cfg.completion
+    assert (c.debounce_ms, c.cache_size, c.max_tokens, c.mode, c.digest_share) == (20, 50, 40, "multi", 0.5)
+    assert c.prefix_chars == CompletionConfig().prefix_chars and c.suffix_chars == 0  # 0 is in range
+    assert cfg.monitor.window_s == 30.0 and cfg.model.routes is None
+    for key in ("completion.debounce_ms", "completion.cache_size", "completion.max_tokens", "completion.mode",
+                "completion.digest_share", "completion.prefix_chars", "monitor.window_s", "model.routes"):
+        assert f"config {key}: ignoring" in caplog.text, key
