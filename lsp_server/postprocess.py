@@ -155,6 +155,17 @@ def cut_at_scope_end(text: str, prefix: str, suffix: str = "", language: str = "
     return text
 
 
+# Where a markdown fence is text, not the model slipping into a chat answer (SmolLM2 ends a file with
+# "```" and a paragraph about the code: 4 of 7 languages at the end of a file)
+PROSE_LANGUAGES = frozenset({"markdown", "mdx", "rmarkdown", "quarto", "plaintext", "restructuredtext", "latex",
+                             "asciidoc"})
+
+
+def stop_strings(language: str) -> tuple[str, ...]:
+    """Text an answer in ``language`` ends before (Limits.stop): a markdown fence in a code file."""
+    return () if language.lower() in PROSE_LANGUAGES else ("```",)
+
+
 def closer_words(language: str) -> tuple[str, ...]:
     """The words whose line closes a block in ``language`` (Limits.closer_words)."""
     return CLOSER_WORDS.get(language.lower(), ())

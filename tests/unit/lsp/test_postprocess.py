@@ -304,6 +304,24 @@ def test_a_shell_loop_s_done_line_with_a_redirect_closes_it(closer):
     assert postprocess(text, prefix, "\n}\n", "multi-line", language="shellscript") == text.rsplit("\n", 1)[0]
 
 
+def test_a_markdown_fence_ends_an_answer_in_a_code_file():
+    """SmolLM2 at the end of a file wrote '```' and a paragraph about the code (4 of 7 languages)."""
+    from engine.stops import _StopRules
+
+    class Chars:
+        def decode(self, ids):
+            return "".join(map(chr, ids))
+
+    code = build_request(Snapshot("file:///b.py", 1, "python", "b.py", "x = 1\n", ""), CompletionConfig())
+    prose = build_request(Snapshot("file:///r.md", 1, "markdown", "r.md", "# R\n", ""), CompletionConfig())
+    assert "```" in code.limits.stop and "```" not in prose.limits.stop
+    for answer, kept in [("```\n\nThis script uses the `load` function", ""), ("y = 2\n```\nIt adds", "y = 2\n")]:
+        rules = _StopRules(Chars(), code.limits.stop, 0, 0.0)
+        ids = list(map(ord, answer))
+        fired = next(n for n in range(1, len(ids) + 1) if rules(ids[:n]))
+        assert rules.cut(answer[:fired]) == kept
+
+
 def test_the_request_for_a_keyword_block_opener_is_multi_line():
     snap = Snapshot("file:///q.lua", 1, "lua", "q.lua", "function f()\n  if x then", "\n  y()\nend\n")
     request = build_request(snap, CompletionConfig())
