@@ -114,7 +114,9 @@ def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int 
             text = "\n".join(text.split("\n")[:max_lines])
     text = drop_suffix_overlap(text, suffix, prefix, language)
     text = balance_brackets(text, suffix, prefix, language)
-    text = _trim_trailing_blank(text)
+    # a space before the code right after the cursor is part of the answer (`return ` + `store.save()`)
+    rest = suffix.split("\n", 1)[0]
+    text = _trim_trailing_blank(text, keep_space=bool(rest) and (_WORD_CHAR.match(rest) is not None or rest[0] in QUOTES))
     return text.replace("\n", "\r\n") if crlf else text
 
 
@@ -481,8 +483,9 @@ def _leading_closer_run(suffix: str) -> str:
     return "".join(out)
 
 
-def _trim_trailing_blank(text: str) -> str:
+def _trim_trailing_blank(text: str, keep_space: bool = False) -> str:
     lines = text.split("\n")
     while lines and not lines[-1].strip():
         lines.pop()
-    return "\n".join(lines).rstrip(" \t")
+    text = "\n".join(lines)
+    return text if keep_space and "\n" not in text else text.rstrip(" \t")

@@ -304,6 +304,21 @@ def test_a_shell_loop_s_done_line_with_a_redirect_closes_it(closer):
     assert postprocess(text, prefix, "\n}\n", "multi-line", language="shellscript") == text.rsplit("\n", 1)[0]
 
 
+@pytest.mark.parametrize(
+    "prefix, text, suffix, expected",
+    [
+        # the answer retyped the code after the cursor: what is left keeps its space before that code
+        ("function f() {\n  ", "return store.save();", "store.save();\n}\n", "return "),
+        ("async function g() {\n  const r = ", "await fetch(url);", "fetch(url);\n}\n", "await "),
+        # nothing (or a closer) after the cursor: trailing blanks go
+        ("f(", "a, ", ")\n", "a,"),
+        ("", "x = 1   ", "\n", "x = 1"),
+    ],
+)
+def test_the_space_before_the_code_after_the_cursor_is_kept(prefix, text, suffix, expected):
+    assert postprocess(text, prefix, suffix, "single-line", language="javascript") == expected
+
+
 def test_a_markdown_fence_ends_an_answer_in_a_code_file():
     """SmolLM2 at the end of a file wrote '```' and a paragraph about the code (4 of 7 languages)."""
     from engine.stops import _StopRules
