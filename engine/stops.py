@@ -241,11 +241,15 @@ def _repetition_end(text: str) -> int:
     done = lines[:-1]  # complete lines only: the last may still grow
     for period in range(1, min(MAX_LOOP_LINES, len(done) // REPEATED_LINES) + 1):
         block = done[-period:]
-        if not any(c.isalnum() for line in block for c in line):
+        if any(c.isalnum() for line in block for c in line):
+            needed = REPEATED_LINES
+        elif any(set(line.strip()) - CLOSER_LINE_CHARS for line in block):
+            needed = REPEATED_LINES * 2  # symbols only (`#` lines): a loop once it runs longer
+        else:
             continue  # blank lines or closing brackets are not a loop
-        if all(done[-(k + 1) * period : len(done) - k * period] == block for k in range(1, REPEATED_LINES)):
-            copies = REPEATED_LINES
-            while (copies + 1) * period <= len(done) and done[-(copies + 1) * period : -copies * period] == block:
+        if all(_is_copy(done, len(done) - (k + 1) * period, block) for k in range(1, needed)):
+            copies = needed
+            while (copies + 1) * period <= len(done) and _is_copy(done, len(done) - (copies + 1) * period, block):
                 copies += 1
             return len("\n".join(done[: len(done) - (copies - 1) * period]))  # up to the end of its first occurrence
     tail = lines[-1][-200:]
@@ -254,6 +258,17 @@ def _repetition_end(text: str) -> int:
     if m and len(m.group(0)) >= MIN_LOOP_RUN and (any(c.isalpha() for c in m.group(1)) or _long_symbol_run(m)):
         return len(text) - len(tail) + m.start() + len(m.group(1))
     return -1
+
+
+def _is_copy(done: list[str], at: int, block: list[str]) -> bool:
+    """Whether ``done[at:at + len(block)]`` is ``block``; the answer's first line (it starts at the cursor,
+    after the indentation typed) counts with its indentation left out."""
+    if at < 0:
+        return False
+    chunk = done[at : at + len(block)]
+    if at == 0 and chunk[1:] == block[1:] and chunk[0].strip() == block[0].strip():
+        return bool(chunk[0].strip())
+    return chunk == block
 
 
 def _long_symbol_run(m: re.Match) -> bool:

@@ -214,6 +214,20 @@ def test_repetition_rule_catches_blocks_of_lines():
     assert _repetition_end("}\n)\n" * 4) == -1  # closers only
 
 
+def test_a_loop_counts_the_answers_first_line_and_symbol_lines():
+    """The first line starts at the cursor, after the typed indentation: it is the loop's first copy (a
+    JSON answer kept two copies of its line). A line of symbols only (`#`) loops once it runs six times."""
+    from engine.engine import _repetition_end
+
+    line = '"test": "todo.js",'
+    text = line + ("\n    " + line) * 3 + "\n    "
+    assert text[: _repetition_end(text)] == line
+    assert _repetition_end(line + ("\n    " + line) * 1 + "\n") == -1  # twice is allowed
+    hashes = "\n" + "#\n" * 11
+    assert hashes[: _repetition_end(hashes)] == "\n#"
+    assert _repetition_end("\n" + "#\n" * 5 + "x") == -1  # a comment box's few `#` lines
+
+
 def test_repetition_stops_generation_token_by_token(engine):
     from engine.engine import _StopRules
 
