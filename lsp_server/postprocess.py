@@ -144,14 +144,18 @@ def cut_at_scope_end(text: str, prefix: str, suffix: str = "", language: str = "
     then, and the answer's would close it early.
     """
     min_indent = scope_min_indent(prefix, language)
+    words = closer_words(language)
     after = _first_code_line(suffix.split("\n", 1)[1] if "\n" in suffix else "")
     block_goes_on = bool(after) and indent_of(after) >= min_indent
+    # the file's next line closes the block (Ruby's `      end` after `if amount > 1|`): an answer's closer
+    # at that depth or deeper closes it again (one further out closes the block the cursor's line opens)
+    closed_at = indent_of(after) if after and not block_goes_on and closes_block(after, words) else -1
     lines = text.split("\n")
     for i, line in enumerate(lines[1:], start=1):
         if not line.strip():
             continue
         if indent_of(line) < min_indent:
-            if closes_block(line, closer_words(language)) and not block_goes_on:
+            if closes_block(line, words) and not block_goes_on and indent_of(line) > closed_at:
                 return "\n".join(lines[: i + 1])
             return "\n".join(lines[:i])
     return text
@@ -197,6 +201,10 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
         # `"|"`, `{|}"`): the answer ends where it first closes that at its own top level, and the
         # line's closer does it (`f"{` + `name}!"` + `}"` was `{name}!"}"`).
         cut = _cut_at_closer(text, rest_of_line[0], line_before, language)
+        if cut is None and (quote := next((c for c in rest_of_line if c in QUOTES), "")):
+            # the line closes the string the cursor is in further on (`<` + `{user.email}` + `>`;`): the
+            # answer's own closing quote and what follows it are the line's again
+            cut = _cut_at_closer(text, quote, line_before, language)
         if cut is not None:
             return cut
     lines = text.rstrip("\n").split("\n")  # a trailing newline (a forced multi-line answer) is no line

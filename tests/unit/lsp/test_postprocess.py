@@ -319,6 +319,27 @@ def test_the_space_before_the_code_after_the_cursor_is_kept(prefix, text, suffix
     assert postprocess(text, prefix, suffix, "single-line", language="javascript") == expected
 
 
+@pytest.mark.parametrize(
+    "language, prefix, text, suffix, expected",
+    [
+        # the file's next line closes the block the cursor's line opened, deeper than the answer's closer
+        ("ruby", "class A\n  def add(amount)\n      if amount > 1", "000.to_f\n    end",
+         "\n      end\n      @stock += amount\n    end\n", "000.to_f"),
+        ("shellscript", 'f() {\ncase "$1" in', "\n  *)\n  echo hi\nfi", "\nesac\n", "\n  *)\n  echo hi"),
+        # the file's closer is an outer block's: the answer's closes the block the cursor's line opens
+        ("lua", "function f()\n  if x then", "\n    y()\n  end", "\nend\n", "\n    y()\n  end"),
+        ("go", "func f() {\n\tif x {", "\n\t\ty()\n\t}", "\n}\n", "\n\t\ty()\n\t}"),
+    ],
+)
+def test_an_answer_s_closer_is_dropped_where_the_file_closes_the_block(language, prefix, text, suffix, expected):
+    assert postprocess(text, prefix, suffix, "multi-line", language=language) == expected
+
+
+def test_an_answer_stops_at_its_quote_where_the_line_closes_the_string_further_on():
+    prefix = "function f(user) {\n  return `${user.name} <"
+    assert postprocess("{user.email}`;", prefix, ">`;\n}\n", "single-line", language="typescript") == "{user.email}"
+
+
 def test_a_markdown_fence_ends_an_answer_in_a_code_file():
     """SmolLM2 at the end of a file wrote '```' and a paragraph about the code (4 of 7 languages)."""
     from engine.stops import _StopRules
