@@ -205,7 +205,7 @@ def test_the_cursor_of_a_snapshot_counts_lsp_line_ends():
     assert snap.before == "a = 1\rb =" and cursor(snap, 1, doc) == t.Position(line=1, character=3)
 
 
-def test_the_ascii_shortcut_converts_positions_as_pygls_does():
+def test_the_fast_codec_converts_positions_as_pygls_does():
     import random
 
     from lsprotocol import types as t
@@ -215,10 +215,11 @@ def test_the_ascii_shortcut_converts_positions_as_pygls_does():
 
     rng = random.Random(7)
     pieces = ["a", "b", " ", "\t", "(", "é", "中", "😀", "\r\n", "\n", "\r"]
-    for encoding in ("utf-8", "utf-16", "utf-32"):
+    kinds = t.PositionEncodingKind
+    for encoding in ("utf-8", "utf-16", "utf-32", kinds.Utf8, kinds.Utf16, kinds.Utf32):  # pygls passes the enum
         fast, slow = AsciiFastCodec(encoding), PositionCodec(encoding)
-        for _ in range(400):
-            text = "".join(rng.choice(pieces[:5] if rng.random() < 0.7 else pieces) for _ in range(rng.randrange(0, 30)))
+        for _ in range(1500):
+            text = "".join(rng.choice(pieces[:5] if rng.random() < 0.5 else pieces) for _ in range(rng.randrange(0, 30)))
             lines = lsp_lines(text)
             line, character = rng.randrange(-1, len(lines) + 2), rng.randrange(0, 40)
             if line < 0:
@@ -229,3 +230,28 @@ def test_the_ascii_shortcut_converts_positions_as_pygls_does():
             assert fast.position_to_client_units(lines, a) == slow.position_to_client_units(lines, b)
             segment = lines[line] if line < len(lines) else text
             assert fast.client_num_units(segment) == slow.client_num_units(segment)
+
+
+def test_a_long_line_with_a_non_ascii_character_is_not_walked_in_python(monkeypatch):
+    """A 2 MB line with one "é" cost ~0.9 s a keystroke in pygls' per-character loop (the encoding pygls
+    passes is the PositionEncodingKind enum, which the shortcut did not recognise): every encoding is
+    converted without it now."""
+    from lsprotocol import types as t
+    from pygls.workspace.position_codec import PositionCodec
+
+    from lsp_server.documents import AsciiFastCodec
+
+    def walked(*args, **kwargs):
+        raise AssertionError("pygls' per-character conversion ran")
+
+    monkeypatch.setattr(PositionCodec, "position_from_client_units", walked)
+    monkeypatch.setattr(PositionCodec, "position_to_client_units", walked)
+    monkeypatch.setattr(PositionCodec, "client_num_units", walked)
+    lines = ["é" + "x" * 2_000 + "😀y\n", "z\n"]
+    for kind, units in ((t.PositionEncodingKind.Utf8, 2), (t.PositionEncodingKind.Utf16, 1),
+                        (t.PositionEncodingKind.Utf32, 1)):
+        codec = AsciiFastCodec(kind)
+        at = codec.position_from_client_units(lines, t.Position(line=0, character=units + 5))
+        assert at.character == 6
+        assert codec.position_to_client_units(lines, at) == t.Position(line=0, character=units + 5)
+        assert codec.client_num_units(lines[0]) > 2_000
