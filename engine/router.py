@@ -223,6 +223,11 @@ class Router:
             return self._line(request, cancel, spec)
         return self._block(request, cancel, spec)
 
+    @property
+    def template(self):
+        """The line route's prompt template (what a one-line answer's model saw of the cursor's line)."""
+        return getattr(self.models[self.routes["line"].model].engine, "template", None)
+
     def forget(self) -> None:
         for model in self.models.values():
             if model.engine is not None and callable(getattr(model.engine, "forget", None)):

@@ -125,8 +125,9 @@ class Completer:
         return Completion(text, request, result, chunks, _timings(started, retrieved, total, result.stats))
 
     def shape(self, text: str, request: CompletionRequest) -> str:
+        template = getattr(self.engine, "template", None)  # a router or the fake engine has none: left to right
         return postprocess.postprocess(text, request.prefix, request.suffix, request.mode, request.limits.max_lines,
-                                       request.language)
+                                       request.language, sees_line_rest=getattr(template, "order", "none") != "none")
 
     def _snippet_tokens(self) -> int:
         """The engine's snippet budget (tokens)."""

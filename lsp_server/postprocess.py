@@ -96,8 +96,11 @@ def choose_mode(prefix: str, suffix: str, setting: str = "auto", language: str =
     return "single-line"
 
 
-def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int = 0, language: str = "") -> str:
-    """All the rules in order; pure. ``language``: an LSP language id (which comments to skip)."""
+def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int = 0, language: str = "",
+                sees_line_rest: bool = True) -> str:
+    """All the rules in order; pure. ``language``: an LSP language id (which comments to skip);
+    ``sees_line_rest``: whether the model saw the rest of the cursor's line (a FIM prompt does;
+    SmolLM2's left-to-right one shows only the lines after it)."""
     # A CRLF document: the rules split on "\n", so a kept "\r" would end the suggestion or hide a
     # closer from the bracket rules. Work on "\n"; the result gets the document's line ending
     # (the model's own where the windows hold no line break to tell).
@@ -117,6 +120,11 @@ def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int 
     # a space before the code right after the cursor is part of the answer (`return ` + `store.save()`)
     rest = suffix.split("\n", 1)[0]
     text = _trim_trailing_blank(text, keep_space=bool(rest) and (_WORD_CHAR.match(rest) is not None or rest[0] in QUOTES))
+    line_before = prefix.rsplit("\n", 1)[-1]
+    if not sees_line_rest and text.strip() and "\n" not in text and rest.strip() and not line_before.strip():
+        # the cursor at a line's indentation, code after it the model never saw: its answer is a line of
+        # its own (`|import json` got `import os`, which made `import osimport json`)
+        text += "\n" + line_before
     return text.replace("\n", "\r\n") if crlf else text
 
 

@@ -292,3 +292,18 @@ def test_the_cache_key_keeps_its_parts_apart_and_names_the_workspace_folder():
     assert _key(replace(base, path="a", prefix="bc")) != _key(replace(base, path="ab", prefix="c"))
     assert _key(replace(base, repo="one")) != _key(replace(base, repo="two"))  # same relative path in two roots
     assert _key(replace(base)) == _key(base)
+
+
+@pytest.mark.parametrize("order, expected", [("none", "import os\n"), ("psm", "import os")])
+def test_a_line_written_before_code_the_model_never_saw_is_a_line_of_its_own(order, expected):
+    """At a line's indentation with code after the cursor, a left-to-right model (SmolLM2's template
+    shows only the lines after the cursor's) writes a whole line: `import os` glued to `import json`.
+    A FIM model saw the rest of the line, and its answer is kept as it is."""
+    from engine.prompt import TEMPLATES
+
+    template = next(t for t in TEMPLATES.values() if (t.order == "none") == (order == "none"))
+    engine = FakeEngine(text="import os")
+    engine.template = template
+    s = snap("", "import json\nimport sys\n")
+    done = Completer(engine, CompletionConfig()).complete(build_request(s, CompletionConfig()), threading.Event())
+    assert done.text == expected
