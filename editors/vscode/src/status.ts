@@ -4,7 +4,7 @@
  */
 
 export const STATUS_METHOD = 'draftline/status';
-/** Always send params: the server (pygls) answers a request without `params` with -32602. */
+/** Params sent all the same: draftline before 2026-12-07 (pygls) answered a request without `params` with -32602. */
 export const STATUS_PARAMS = {};
 
 /** The fields of the server's answer that the status bar reads (lsp_server/server.py, Draftline.status). */

@@ -198,8 +198,9 @@ describe('draftline serve over vscode-jsonrpc', { skip: cmd ? false : 'no draftl
     assert.ok((s.cancellations ?? 0) + (s.engine_cancelled ?? 0) >= 1, JSON.stringify(s));
   });
 
-  test('draftline/status without params is refused (why the extension always sends {})', async () => {
-    await assert.rejects(server.connection.sendRequest(STATUS_METHOD), (err: unknown) => err instanceof ResponseError && err.code === -32602);
+  test('draftline/status without params is answered (JSON-RPC lets a request leave params out)', async () => {
+    const s = (await server.connection.sendRequest(STATUS_METHOD)) as { engine?: { state?: string } };
+    assert.ok(s.engine?.state, JSON.stringify(s));
   });
 
   test('the server reported no errors', () => {
