@@ -174,8 +174,10 @@ def snapshot(doc: TextDocument, line: int, character: int, roots: Sequence[Path]
     lines = doc.lines
     if line < 0 or character < 0 or line > len(lines):
         return None
-    if line == len(lines) and (character > 0 or (lines and not lines[-1].endswith(("\n", "\r")))):
+    if line == len(lines) and lines and not lines[-1].endswith(("\n", "\r")):
         return None  # one past the last line: only the empty line after a final line break exists
+    if line == len(lines):
+        character = 0  # that empty line's (or an empty document's) end: past it means it (LSP)
     line_text = lines[line].rstrip("\r\n") if line < len(lines) else ""
     # Past the end of a line means its end (LSP). Clamped here, in the client's units (UTF-16 by
     # default): pygls clamps such a position to one unit short of a last line without a newline.

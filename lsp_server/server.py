@@ -328,7 +328,12 @@ class Draftline:
         context = context_for(snap, request, self.config.completion)
 
         def job(cancel):  # on the engine thread: never start for a version that already moved
-            return completer.complete(request, cancel, context) if self.is_current(snap) else None
+            if not self.is_current(snap):
+                return None
+            done = completer.complete(request, cancel, context)
+            if done.result is not None and done.result.cancelled:  # counted here: a $/cancelRequest leaves
+                self.telemetry.engine_cancelled += 1  # no awaiting caller to count it
+            return done
 
         done = await self.scheduler.submit(self.job_key(snap.uri), job, self.config.completion.debounce_ms / 1e3)
         if done is not None and done.result is not None:
@@ -336,8 +341,6 @@ class Draftline:
             self.telemetry.engine_runs += 1
             self.telemetry.prompt_tokens += stats.prompt_tokens
             self.telemetry.recomputed_tokens += max(stats.prompt_tokens - stats.reused_tokens, 0)
-            if done.result.cancelled:
-                self.telemetry.engine_cancelled += 1
             if log.isEnabledFor(logging.DEBUG):  # `draftline -v serve`: what each engine run cost
                 ms = done.timings_ms
                 log.debug("completion v%d: prompt %d (reused %d), %d new, %s; retrieve %.0f prefill %.0f decode %.0f "

@@ -88,7 +88,8 @@ async def test_cancel_request_stops_the_generation(client: LanguageClient):
     except JsonRpcRequestCancelled:
         pass
     current = await wait_for(client, lambda s: s["generations"]["in_flight"] == 0, deadline_s=10)
-    assert current["cancellations"] == 1 and current["engine_cancelled"] == 0  # the handler had gone
+    # stopped mid-flight (counted on the engine thread: the cancelled handler is not there to count it)
+    assert current["cancellations"] == 1 and current["engine_cancelled"] == 1
 
 
 async def test_edit_cancels_the_running_generation(client: LanguageClient):

@@ -41,10 +41,13 @@ def test_columns_count_utf16_units_past_a_character_outside_the_bmp():
     assert split('x = "😋"', 0, 99) == ('x = "😋"', "")  # past the end of a last line holding one
 
 
-def test_positions_outside_the_document_have_no_snapshot():
+def test_positions_outside_the_document_have_no_snapshot_and_past_a_line_s_end_its_end():
     doc = TextDocument(URI, "abc\n")
-    assert snapshot(doc, 2, 0, ()) is None and snapshot(doc, 1, 1, ()) is None and snapshot(doc, 0, -1, ()) is None
+    assert snapshot(doc, 2, 0, ()) is None and snapshot(doc, 0, -1, ()) is None
     assert snapshot(doc, 1, 0, ()).before == "abc\n"  # the empty line after the last newline
+    assert snapshot(doc, 1, 1, ()).before == "abc\n"  # past that line's end: its end, as on any line
+    assert snapshot(TextDocument(URI, ""), 0, 5, ()).before == ""  # an empty document: its one empty line
+    assert snapshot(TextDocument(URI, "abc"), 1, 0, ()) is None  # no line break: no line after it
 
 
 def test_a_popup_item_replaces_its_whole_range_even_past_the_cursor():
