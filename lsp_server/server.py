@@ -56,8 +56,11 @@ class DraftlineProtocol(LanguageServerProtocol):
     session_stop: threading.Event | None = None  # set by lsp_server.daemon for each connection
     _initialize_seen = False
 
+    _exited = False
+
     @lsp_method(t.EXIT)
     def lsp_exit(self, *args: Any):
+        self._exited = True
         if self.session_stop is None:
             yield from super().lsp_exit(*args)
             return
@@ -110,6 +113,12 @@ class DraftlineProtocol(LanguageServerProtocol):
             error = JsonRpcInvalidParams(f"invalid params for {data.get('method')}: {exc.__cause__ or exc}")
             self._send_response(data["id"], error=error.to_response_error())
             return JsonRPCNotification(method=DROPPED, jsonrpc="2.0", params=None)
+
+    def _send_data(self, data: Any):
+        """Nothing after `exit`: the channel is closed (a reply to a generation cancelled by the exit
+        logged 'Error sending data ... I/O operation on closed file' with its traceback)."""
+        if not self._exited:
+            super()._send_data(data)
 
     def send_error_without_id(self, error: JsonRpcException) -> None:
         """An error reply with ``"id": null`` (JSON-RPC, where the id is unknown; pygls' own reply drops a
