@@ -513,7 +513,7 @@ class Draftline:
     def set_roots(self, params: t.InitializeParams) -> None:
         folders = params.workspace_folders or []
         uris = [f.uri for f in folders] or [u for u in (params.root_uri,) if u]
-        self.roots = [Path(p) for p in (to_fs_path(u) for u in uris) if p]
+        self.roots = [Path(p) for p in dict.fromkeys(os.path.normpath(p) for p in (to_fs_path(u) for u in uris) if p)]
         if not self.roots and params.root_path:
             self.roots = [Path(params.root_path)]
 
@@ -799,7 +799,9 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
         # normalised on both sides: a folder URI may end in '/', a root (a Path) never does
         removed = {os.path.normpath(p) for p in (to_fs_path(f.uri) for f in params.event.removed) if p}
         app.roots[:] = [r for r in app.roots if os.path.normpath(r) not in removed]  # in place: the completer shares it
-        app.roots += [Path(p) for p in (to_fs_path(f.uri) for f in params.event.added) if p]
+        for path in (to_fs_path(f.uri) for f in params.event.added):
+            if path and os.path.normpath(path) not in {os.path.normpath(r) for r in app.roots}:
+                app.roots.append(Path(path))  # a folder added twice is one root (indexed once)
         app.configure()  # the workspace TOML layer follows the roots
         asyncio.ensure_future(app.reindex())
 

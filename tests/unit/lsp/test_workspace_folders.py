@@ -9,7 +9,7 @@ from lsprotocol import types as t
 from lsp_server.server import build_server
 
 
-def test_a_removed_folder_leaves_the_roots_with_or_without_a_trailing_slash(tmp_path):
+def test_a_removed_folder_leaves_the_roots_and_an_added_one_joins_once_with_or_without_a_trailing_slash(tmp_path):
     first, second, third = (tmp_path / name for name in ("first", "second", "third"))
     ls = build_server(user_config=tmp_path / "none.toml")
     app = ls.draftline
@@ -22,8 +22,9 @@ def test_a_removed_folder_leaves_the_roots_with_or_without_a_trailing_slash(tmp_
 
     app.reindex = reindex
     handler = ls.protocol.fm.features[t.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS]
-    change = t.WorkspaceFoldersChangeEvent(
-        added=[t.WorkspaceFolder(uri=third.as_uri() + "/", name="third")],
+    change = t.WorkspaceFoldersChangeEvent(  # `second` added again, another way: still one root
+        added=[t.WorkspaceFolder(uri=third.as_uri() + "/", name="third"),
+               t.WorkspaceFolder(uri=second.as_uri() + "/", name="second")],
         removed=[t.WorkspaceFolder(uri=first.as_uri() + "/", name="first")],  # as some clients send it
     )
 
@@ -37,3 +38,13 @@ def test_a_removed_folder_leaves_the_roots_with_or_without_a_trailing_slash(tmp_
         app.close()
     assert app.roots == [second, third]
     assert reindexed == [[second, third]]
+
+
+def test_a_folder_given_twice_at_initialize_is_one_root(tmp_path):
+    ls = build_server(user_config=tmp_path / "none.toml")
+    folders = [t.WorkspaceFolder(uri=tmp_path.as_uri(), name="a"), t.WorkspaceFolder(uri=tmp_path.as_uri() + "/", name="b")]
+    try:
+        ls.draftline.set_roots(t.InitializeParams(capabilities=t.ClientCapabilities(), workspace_folders=folders))
+        assert ls.draftline.roots == [tmp_path]
+    finally:
+        ls.draftline.close()
