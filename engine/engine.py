@@ -355,7 +355,7 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
                 backend: str | None = None, quant: str = "auto", prompt_tokens: int | None = None,
                 template: str | None = None, snippet_share: float | None = None, suffix_share: float | None = None,
                 remember_completions: int | None = None, cuda_graphs: bool | None = None,
-                prompt_slots: int | None = None, **spec: Any) -> Engine:
+                prompt_slots: int | None = None, prefill_rows: int | None = None, **spec: Any) -> Engine:
     """Load a target (and optional draft sharing its tokenizer) and build an Engine.
 
     ``draft="self:N"`` drafts with the target's own first N layers and its head (``"self:N:K"``: a
@@ -374,8 +374,14 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     file; 0: none); ``template`` names the prompt format (a family of
     engine.prompt.TEMPLATES) where detection from the tokenizer is wrong. ``cuda_graphs`` replays the lean
     decoder's decode and verify forwards as CUDA graphs on a GPU (engine.graphs). ``prompt_slots``: how
-    many earlier prompts' KV are kept for going back to a file (engine.slots; 0: none).
+    many earlier prompts' KV are kept for going back to a file (engine.slots; 0: none). ``prefill_rows``:
+    the most tokens a lean decoder with int8/int4 weights runs a prompt in at once (LeanLM.prefill_rows:
+    by default INT8_MAX_ROWS, the decode kernels, so a warm cache answers what a cold one does; 0: long
+    chunks on the dense weights, faster where bf16 matrix kernels are, warm and cold may differ).
     """
+    if prefill_rows is not None and (isinstance(prefill_rows, bool) or not isinstance(prefill_rows, int)
+                                     or prefill_rows < 0):
+        raise ValueError(f"prefill_rows must be an int >= 0, not {prefill_rows!r}")
     if unknown := sorted(set(spec) - set(SPEC_OPTIONS)):
         raise ValueError(f"unknown engine option(s) {', '.join(unknown)}; known: {', '.join(SPEC_OPTIONS)}")
     if spec:
@@ -453,6 +459,10 @@ def load_engine(target: str, draft: str | None = None, *, device: str | None = N
     if drf is not None:
         check_shared_tokenizer(tgt, drf)
     engine = Engine(tgt, drf, config)
+    if prefill_rows is not None:  # the lean decoder's prompt pieces (LeanLM.prefill_rows; 0: dense chunks)
+        for lm in (engine.target_lm, getattr(engine, "draft_lm", None)):
+            if hasattr(lm, "prefill_rows"):
+                lm.prefill_rows = prefill_rows
     if self_draft is not None:
         attach(engine, *self_draft)
     if eagle_draft is not None:

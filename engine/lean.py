@@ -9,7 +9,10 @@ small models draftline runs here that overhead is most of a step.
 On the CPU, `quant="int8"` (bf16 models) keeps int8 per-row copies of the linears for forwards of up
 to INT8_MAX_ROWS tokens (decode, verify), and those forwards attend one query token at a time in
 float32: every row of a verify forward is then the very computation of a decode step, bit for bit,
-which keeps greedy speculation identical to plain decoding. `quant="int4"` does the same with int4
+which keeps greedy speculation identical to plain decoding. `prefill` (the engine's prompts) runs in
+forwards of at most INT8_MAX_ROWS tokens too (`prefill_rows`), so a prompt position gets the same bits
+from a cold prefill, a warm prompt's few new tokens or a decode step, and a request answers the same
+whatever the cache held. `quant="int4"` does the same with int4
 copies (a scale and a zero per 32 inputs, llama.cpp's Q4_1 grid) of all linears but the head,
 which stays int8.
 
@@ -41,8 +44,9 @@ SUPPORTED = ("llama", "qwen2")
 QUANTS = ("none", "int8", "int4")
 ALIGN = 64  # bytes: where the int8/int4 kernels' operands must start (see _load_packed)
 INT4_GROUP = 32  # weights per (scale, zero) pair: llama.cpp's Q4_0/Q4_1 block
-# Forwards of at most this many tokens (decode, verify, a keystroke's few new tokens) use the int8
-# weights; longer ones (prefill chunks) use the dense weights. int8 weight-only GEMV reads a quarter
+# Forwards of at most this many tokens (decode, verify, a keystroke's few new tokens, and the pieces a
+# quantized LeanLM's prefill runs in: LeanLM.prefill_rows) use the int8 weights; longer ones (a long
+# `forward`, as benches time it) use the dense weights. int8 weight-only GEMV reads a quarter
 # of float32's bytes (a SmolLM2-135M decode step is memory-bound), but its kernel's cost grows with
 # the rows, while a dense bf16 GEMM of 256 rows is ~3x faster than int8's.
 INT8_MAX_ROWS = 32
@@ -360,6 +364,20 @@ class LeanLM:
             raise ValueError(f"native kernels unavailable: {why}")
         self.native = native
         self.native_prefill_attention = True  # prefill chunks attend on the native kernel too (see _forward)
+        # With quantized weights, `prefill` (the engine's prompts) runs in forwards of at most this many
+        # tokens: every prompt position is then computed by the decode step's kernels (int8/int4 rows, one
+        # query at a time), whatever the cache held before, so a warm prompt's few new tokens give the bits
+        # a cold prefill gives them, and reused positions (an earlier answer's tokens too) are what a cold
+        # prompt computes. With longer forwards on the dense weights, a cold prompt's last token came from
+        # a dense chunk and a warm one's from a 1-row int8 forward: other KV and logits (up to 1.1 apart on
+        # SmolLM2), and a repeated request answered differently in 25 of 87 probes (0 now). The cost, on a
+        # 2-core AVX2 VM (float32 dense GEMMs, 2026-12-07): none, a cold 200 / 510-token prompt took 469 /
+        # 1,216 ms against 557 / 1,464 ms in dense chunks; held-out NLL 1.998 against 1.993 (24 windows of
+        # 512 tokens), `bench model --tasks 200` exact 18 / 10 % against 21 / 10 %, first word 53 / 46 %
+        # against 54 / 43 %. Unmeasured where bf16 GEMMs are fast (AVX-512 bf16, AMX), where a dense chunk
+        # is cheaper and these pieces may cost a cold prompt more. 0: prefill in chunks on the dense weights
+        # (`forward` of a long sequence still does that: benches time it).
+        self.prefill_rows = INT8_MAX_ROWS if quant != "none" else 0
         self.tokens: list[int] = []
         self.forwards = 0
         self.n_heads = cfg.num_attention_heads
@@ -465,7 +483,7 @@ class LeanLM:
         del self.tokens[n:]  # positions >= n are simply overwritten later
 
     def prefill(self, tokens: Sequence[int], cancel: threading.Event | None = None) -> tuple[torch.Tensor | None, int]:
-        return prefill_reusing(self, tokens, cancel)
+        return prefill_reusing(self, tokens, cancel, rows=self.prefill_rows or None)
 
     @staticmethod
     def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -477,8 +495,9 @@ class LeanLM:
         return x * cos + x.roll(self.head_dim // 2, -1) * sin
 
     @torch.inference_mode()
-    def forward(self, new_tokens: Sequence[int], keep_logits: int | None = None) -> torch.Tensor:
-        """Append tokens; return float32 logits (T', V) of the last `keep_logits` (all by default)."""
+    def forward(self, new_tokens: Sequence[int], keep_logits: int | None = None, rows: int | None = None) -> torch.Tensor:
+        """Append tokens; return float32 logits (T', V) of the last `keep_logits` (all by default).
+        `rows`: run them in forwards of at most that many tokens (else in `chunk`s)."""
         t = len(new_tokens)
         if t == 0:
             raise ValueError("forward needs at least one token")
@@ -486,11 +505,12 @@ class LeanLM:
             raise ValueError(f"sequence of {len(self.tokens) + t} tokens exceeds the lean cache ({self.max_len})")
         self.forwards += 1  # one call, however many chunks
         keep = min(keep_logits, t) if keep_logits else t  # 0 or None: all, as before
-        if not self.chunk or t <= self.chunk:
+        step = min(rows, self.chunk or rows) if rows else self.chunk
+        if not step or t <= step:
             return self._forward(new_tokens, keep)
         pieces = []
-        for s in range(0, t, self.chunk):
-            piece = new_tokens[s : s + self.chunk]
+        for s in range(0, t, step):
+            piece = new_tokens[s : s + step]
             want = max(0, keep - (t - s - len(piece)))  # logits wanted from this chunk's tail
             out = self._forward(piece, min(want, len(piece)))
             if want:

@@ -174,7 +174,8 @@ def batched_rows_differ(lm: Any, ids: Sequence[int], rows: int = 8, offsets: Seq
     return worst
 
 
-def prefill_reusing(lm, tokens: Sequence[int], cancel: threading.Event | None = None) -> tuple[torch.Tensor | None, int]:
+def prefill_reusing(lm, tokens: Sequence[int], cancel: threading.Event | None = None,
+                    rows: int | None = None) -> tuple[torch.Tensor | None, int]:
     """Make `lm` (CachedLM or LeanLM) hold `tokens`, reusing the longest common prefix.
 
     Returns (logits of the last position (V,), number of reused tokens). At least the last token
@@ -182,31 +183,39 @@ def prefill_reusing(lm, tokens: Sequence[int], cancel: threading.Event | None = 
     flag is checked between them: a set flag returns (None, reused) with the chunks done so far
     kept in the cache, where the next keystroke's prompt reuses them.
 
+    `rows` (LeanLM.prefill_rows: the lean decoder with int8/int4 weights): the new tokens run in
+    forwards of at most that many tokens (a LeanLM `forward(..., rows=)`).
+
     What is exact: the reused positions' KV is kept as it was computed, never recomputed, so from
     one cache state speculation gives plain decoding's tokens wherever verify rows are decode steps
     (float32, the lean decoder's int8/int4 path; batched_rows_differ probes llama.cpp).
-    What is not: a warm cache against a cold one. The reused KV may have been written by decode
-    and verify forwards, which do not round like a prefill chunk over the same tokens: on the lean
-    decoder's bf16 int8/int4 path (forwards of at most INT8_MAX_ROWS tokens run int8 kernels)
-    they differ in the last bits of bf16, enough that a near-tie flips and a warm answer differs
-    from a cold one (README: 8 of 30 tasks); in float32 by rounding only (~5e-7 in the logits of
-    the tests' tiny models).
+    A warm cache against a cold one: exact where every forward's rows are computed alone, i.e. the
+    lean decoder with quantized weights, whose prefill runs in forwards of at most INT8_MAX_ROWS
+    tokens (`rows`), the decode steps' kernels: a position's KV and logits are then the same bits
+    whether a cold prefill, a warm prompt's tail, or a decode step (an earlier answer's token)
+    computed it. Elsewhere a dense GEMM's rows depend on how many rows it has (MKL's float32 GEMM on
+    an AVX2 CPU gave other bits at 1-3, 5-7 and 9-11 rows than in a long chunk), and a warm answer can
+    differ from a cold one where a near-tie flips (in float32 by rounding only, ~5e-7 in the logits
+    of the tests' tiny models). Before the lean decoder's prefill ran in such pieces, a warm prompt's
+    last token went through int8 rows and a cold one's through a dense bf16/float32 chunk, and one
+    probe set answered 26 of 87 repeated requests differently.
     """
     if not tokens:
         raise ValueError("prefill needs at least one token")
     reused = min(common_prefix_len(lm.tokens, tokens), len(tokens) - 1)
     lm.truncate(reused)
     tail = tokens[reused:]
+    extra = {"rows": rows} if rows else {}
     if cancel is not None:
         step = getattr(lm, "chunk", 0) or CANCEL_CHUNK
         while len(tail) > step:
             if cancel.is_set():
                 return None, reused
-            lm.forward(tail[:step], keep_logits=1)
+            lm.forward(tail[:step], keep_logits=1, **extra)
             tail = tail[step:]
         if cancel.is_set():
             return None, reused
-    logits = lm.forward(tail, keep_logits=1)
+    logits = lm.forward(tail, keep_logits=1, **extra)
     return logits[-1], reused
 
 

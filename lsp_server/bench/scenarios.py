@@ -353,16 +353,23 @@ def measure_costs(engine, context: int, ks=(1, 2, 4, 8, 16), reps: int = 15) -> 
         out["tree"] = {name: {"ms": 1000 * statistics.median(t), "plain_steps": statistics.median(t) / step}
                        for name, t in times.items()}
     chunk = getattr(engine.target_lm, "chunk", None)
-    if chunk:  # a cold prefill of the whole context: in chunks (what the engine does) and as one forward, alternating
-        prefill: dict[str, list[float]] = {"chunked": [], "one_forward": []}
+    if chunk:  # a cold prefill of the whole context: in the engine's pieces (int8 rows where the lean decoder
+        # quantizes: LeanLM.prefill_rows), in dense chunks, and as one forward, alternating
+        rows = getattr(engine.target_lm, "prefill_rows", 0)
+        arms = ((("pieces", chunk, rows),) if rows else ()) + (("chunked", chunk, 0), ("one_forward", 0, 0))
+        prefill: dict[str, list[float]] = {name: [] for name, _, _ in arms}
         for _ in range(3):
-            for name, size in (("chunked", chunk), ("one_forward", 0)):
+            for name, size, piece in arms:
                 engine.target_lm.chunk = size
+                if rows:
+                    engine.target_lm.prefill_rows = piece
                 engine.target_lm.reset()
                 t0 = time.perf_counter()
                 engine.target_lm.prefill(ids)
                 prefill[name].append(time.perf_counter() - t0)
         engine.target_lm.chunk = chunk
+        if rows:
+            engine.target_lm.prefill_rows = rows
         out["prefill_ms"] = {**{k: 1000 * statistics.median(v) for k, v in prefill.items()}, "chunk": chunk}  # medians of 3
     if engine.draft_lm is not None:
         draft = medians_ms(engine.draft_lm, (1,))[1]
@@ -399,8 +406,9 @@ def costs_table(costs: dict) -> str:
                     f"{t['chain5']['plain_steps']:.2f} plain steps")
     if "prefill_ms" in costs:
         pf = costs["prefill_ms"]
-        rows.append(f"\ncold prefill of {costs['context']} tokens (medians of 3): {pf['chunked']:.0f} ms in {pf['chunk']}-token "
-                    f"chunks, {pf['one_forward']:.0f} ms as one forward")
+        pieces = f"{pf['pieces']:.0f} ms in the engine's int8 pieces, " if "pieces" in pf else ""
+        rows.append(f"\ncold prefill of {costs['context']} tokens (medians of 3): {pieces}{pf['chunked']:.0f} ms in "
+                    f"{pf['chunk']}-token dense chunks, {pf['one_forward']:.0f} ms as one forward")
     if "draft_forward_ms" in costs:
         rows.append(f"\ndraft forward of one token: {costs['draft_forward_ms']:.2f} ms = "
                     f"{costs['draft_cost_ratio']:.2f} of a plain target step")

@@ -58,8 +58,8 @@ def test_the_readme_demo(engine):
 
 
 def test_speculation_equals_plain_greedy(engine):
-    """From the same cache state (a prompt prefilled in 256-token chunks runs the dense bf16 weights,
-    decode and verify the int8 ones, so each run starts cold, as the benchmarks' runs do). On code
+    """From the same cache state (each run starts cold, as the benchmarks' runs do; since prompts run in
+    int8 pieces a warm run would answer the same: test_warm_equals_cold). On code
     that repeats itself the n-gram drafter must have drafted, and been right some of the time: else
     the equality would be that of plain decoding with itself."""
     text = (DEMO / "shapes.py").read_text()
