@@ -377,8 +377,8 @@ def _code_brackets(text: str, language: str = "", lead: str = "") -> list[tuple[
     """The brackets of ``text`` (offset, character) outside its strings and the comments of ``language``
     (a Rust lifetime's ``'`` opens no string). ``lead``: the cursor line's text before ``text``, read
     with it (`print("color: ` + `#fff")`: the string goes on, no comment), unless the cursor is in a
-    comment (`# see f(` + `x)`) or in code inside a string (`${`, `f"{`): the answer is read alone. A quote that has no partner is no
-    string: it closes one the prefix opened (`print("a (` + `b")`)."""
+    comment (`# see f(` + `x)`) or in code inside a string (`${`, `f"{`): the answer is read alone. A
+    quote that has no partner is no string: it closes one the prefix opened (`print("a (` + `b")`)."""
     tokens = _bracket_tokens(language)
     n = len(lead)
     whole = lead + text

@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -513,7 +513,7 @@ class Draftline:
     def set_roots(self, params: t.InitializeParams) -> None:
         folders = params.workspace_folders or []
         uris = [f.uri for f in folders] or [u for u in (params.root_uri,) if u]
-        self.roots = [Path(p) for p in dict.fromkeys(os.path.normpath(p) for p in (to_fs_path(u) for u in uris) if p)]
+        self.roots = new_roots((to_fs_path(u) for u in uris), [])
         if not self.roots and params.root_path:
             self.roots = [Path(params.root_path)]
 
@@ -559,6 +559,18 @@ class Draftline:
             "roots": [str(r) for r in self.roots],
             "last_chunks": self.last_chunks,
         }
+
+
+def new_roots(paths: Any, roots: Sequence[Path]) -> list[Path]:
+    """The folders of ``paths`` (None: not a file URI) that are not among ``roots`` yet, each once: a
+    folder given twice, with or without its trailing '/', is one root (indexed once)."""
+    known = {os.path.normpath(r) for r in roots}
+    out: list[Path] = []
+    for path in paths:
+        if path and (norm := os.path.normpath(path)) not in known:
+            known.add(norm)
+            out.append(Path(norm))
+    return out
 
 
 def _slots_status(engine: Any) -> dict[str, Any]:
@@ -799,9 +811,7 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
         # normalised on both sides: a folder URI may end in '/', a root (a Path) never does
         removed = {os.path.normpath(p) for p in (to_fs_path(f.uri) for f in params.event.removed) if p}
         app.roots[:] = [r for r in app.roots if os.path.normpath(r) not in removed]  # in place: the completer shares it
-        for path in (to_fs_path(f.uri) for f in params.event.added):
-            if path and os.path.normpath(path) not in {os.path.normpath(r) for r in app.roots}:
-                app.roots.append(Path(path))  # a folder added twice is one root (indexed once)
+        app.roots += new_roots((to_fs_path(f.uri) for f in params.event.added), app.roots)
         app.configure()  # the workspace TOML layer follows the roots
         asyncio.ensure_future(app.reindex())
 
