@@ -272,7 +272,8 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
             continue  # shown separately, kept out of the headline numbers
         if len(caches) > 1 and any(runs[("plain", c)][0].tokens != plain.tokens for c in caches[1:]):
             # plain itself answered differently from another cache state: the prompt's KV came through
-            # other kernels (bf16 prefill chunks vs int8 decode rows), and a near-tie flipped
+            # other kernels (dense prefill chunks vs int8 decode rows: with prefill_rows = 0, or a
+            # backend whose rows are not exact), and a near-tie flipped
             history_dependent[task.scenario] += 1
         for (mode, cache), (res, elapsed) in runs.items():
             cell = cells[(task.scenario, mode, cache)]
