@@ -90,9 +90,12 @@ class AsciiFastCodec(PositionCodec):
     a line in Python for each conversion, and a 2 MB line (a minified bundle) held the event loop
     ~0.5-0.8 s a keystroke, ASCII or not (one "é" in it was enough). An ASCII line counts one unit a
     character in every encoding; any other is measured by encoding it (UTF-8: a byte a unit; UTF-16:
-    two). Results equal pygls' own, its in-place clamp of a position past the line's end and its
-    rounding of a position inside a character to the character's end included (a property test
-    checks)."""
+    two). Results equal pygls' own, its rounding of a position inside a character to the character's
+    end included (a property test checks), but for a position past the line's end: that is the line's
+    end, before its line break (LSP). pygls counts the line break as a unit of the line, so an edit one
+    past the end went in after the "\n" (or between "\r" and "\n"), and one further out on a last line
+    without a newline went in before its last character: the server's copy of the buffer then
+    differed from the editor's."""
 
     _WIDTH = {"utf-8": ("utf-8", 1), "utf-16": ("utf-16-le", 2)}
 
@@ -116,13 +119,8 @@ class AsciiFastCodec(PositionCodec):
         if not lines or position.line >= len(lines) or (
                 codec is None and self._kind != "utf-32" and not lines[position.line].isascii()):
             return super().position_from_client_units(lines, position)
-        line = lines[position.line].replace("\r\n", "\n")
-        units = self._units(line)
-        if not units:
-            return ServerTextPosition(position.line, 0)
-        if position.character > units:
-            position.character = units - 1  # as pygls does
-        wanted = max(0, position.character)
+        line = lines[position.line].rstrip("\r\n")  # its line break (one at most) is no position
+        wanted = max(0, min(position.character, self._units(line)))
         if line.isascii() or codec is None:  # one unit a character
             return ServerTextPosition(line=position.line, character=min(wanted, len(line)))
         name, width = codec

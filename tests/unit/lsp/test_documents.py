@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from pygls.workspace import TextDocument
 
 from lsp_server.documents import lsp_lines, snapshot
@@ -228,11 +229,41 @@ def test_the_fast_codec_converts_positions_as_pygls_does():
             if line < 0:
                 continue
             a, b = t.Position(line=line, character=character), t.Position(line=line, character=character)
-            assert fast.position_from_client_units(lines, a) == slow.position_from_client_units(lines, b), (text, line, character)
-            assert a == b  # pygls clamps a position past the end in place; so does the shortcut
-            assert fast.position_to_client_units(lines, a) == slow.position_to_client_units(lines, b)
+            content = lines[line].rstrip("\r\n") if line < len(lines) else ""
+            got = fast.position_from_client_units(lines, a)
+            if line < len(lines) and character > slow.client_num_units(content):
+                # past the line's end: its end, before the line break (pygls' differs: the codec's docstring)
+                assert (got.line, got.character) == (line, len(content)), (text, line, character)
+                continue
+            assert got == slow.position_from_client_units(lines, b), (text, line, character)
+            assert fast.position_to_client_units(lines, got) == slow.position_to_client_units(lines, got)
             segment = lines[line] if line < len(lines) else text
             assert fast.client_num_units(segment) == slow.client_num_units(segment)
+
+
+@pytest.mark.parametrize(("text", "start", "end", "new", "expected"), [
+    ("abc\nxyz\n", (0, 4), (0, 4), "Q", "abcQ\nxyz\n"),  # one past the end: the end, not the next line
+    ("abc\r\nxyz\r\n", (0, 4), (0, 4), "Q", "abcQ\r\nxyz\r\n"),  # not between \r and \n
+    ("abc", (0, 4), (0, 4), "d", "abcd"),  # a last line without a newline
+    ("abc", (0, 99), (0, 99), "d", "abcd"),
+    ("abc\nxyz\n", (0, 1), (0, 4), "Z", "aZ\nxyz\n"),  # a range ending past the end keeps the line break
+    ("abc\r\nxyz\r\n", (0, 3), (0, 4), "", "abc\r\nxyz\r\n"),
+    ("é😀\nx\n", (0, 4), (0, 4), "Q", "é😀Q\nx\n"),
+    ("abc\rxyz", (0, 9), (0, 9), "Q", "abcQ\rxyz"),  # a bare \r ends a line too
+])
+def test_an_edit_past_a_line_end_applies_at_the_line_end(text, start, end, new, expected):
+    """LSP: a character past the line's length means its length. Found by a raw JSON-RPC probe: the
+    server's buffer drifted from the editor's (every later line shifted in a CRLF file)."""
+    from lsprotocol import types as t
+
+    from lsp_server.documents import LspWorkspace
+
+    ws = LspWorkspace(None, position_encoding=t.PositionEncodingKind.Utf16)
+    ws.put_text_document(t.TextDocumentItem(uri=URI, language_id="python", version=1, text=text))
+    rng = t.Range(start=t.Position(line=start[0], character=start[1]), end=t.Position(line=end[0], character=end[1]))
+    ws.update_text_document(t.VersionedTextDocumentIdentifier(uri=URI, version=2),
+                            t.TextDocumentContentChangePartial(range=rng, text=new))
+    assert ws.get_text_document(URI).source == expected
 
 
 def test_a_long_line_with_a_non_ascii_character_is_not_walked_in_python(monkeypatch):
