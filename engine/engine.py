@@ -162,7 +162,8 @@ class Engine:
         max_lines = 1 if request.mode == "single-line" else limits.max_lines
         context = tuple(prompt_tokens[-1:])  # the answer is decoded after it (stops.decode_answer)
         rules = _StopRules(self.target.tokenizer, limits.stop, max_lines, limits.time_budget_s, limits.min_indent,
-                           healed=heal, context=context, closer_words=limits.closer_words)
+                           healed=heal, context=context, closer_words=limits.closer_words,
+                           lead_indent=limits.lead_indent)
         if request.mode == "single-line" and spec.single_line_drafter:
             spec = dataclasses.replace(spec, drafter=spec.single_line_drafter)
         drafter = None if self.speculation_off else (drafter or self.drafter_for(spec))
@@ -265,13 +266,15 @@ class Engine:
 
     def _stable_boundary(self, token: int, text: str) -> bool:
         """Does the tokenizer end a token here whatever word follows (its own split of text + word
-        starts with this very token, for each of BOUNDARY_PROBES)? Then the prompt is as the model saw such text in training and
+        starts with this very token, for each of BOUNDARY_PROBES, and LINE_START_PROBES after a line break)?
+        Then the prompt is as the model saw such text in training and
         healing only adds risk: Gemma writes indentation as its own token ("    ", "files"), and,
         healed, chose a 7-space token on a 4-space line. BPE's "\n    " before " return" is not."""
         known = self._boundaries.get(token)
         if known is None:
             encode = self.target.tokenizer.encode
-            known = all(encode(text + word, add_special_tokens=False)[:1] == [token] for word in BOUNDARY_PROBES)
+            words = BOUNDARY_PROBES + (LINE_START_PROBES if text.endswith(("\n", "\r")) else ())
+            known = all(encode(text + word, add_special_tokens=False)[:1] == [token] for word in words)
             self._boundaries[token] = known
         return known
 
@@ -306,6 +309,10 @@ BACKENDS = ("auto", "lean", "transformers", "llamacpp")
 DRAFT_SEED_OFFSET = 1 << 32  # the draft's generator: seed + this (not seed + 1, another run's target seed)
 # words that follow a cut in code; a token the tokenizer keeps whole before each of them needs no healing
 BOUNDARY_PROBES = ("x", "self", "return", "value", "i", "1", "(", "_", '"', "[", "=", ".", ":", "s")
+# and after a line break, indented words: a cursor at column 0 of an empty line ends the prompt with a
+# bare "\n", which BPE merges with the next line's indentation ("\n   " + " total"), so a lone "\n" told
+# SmolLM2 that the next line starts at column 0, and it wrote `total += v;` unindented in a loop's body
+LINE_START_PROBES = ("    x", "\tx")
 
 
 def make_lm(loaded: LoadedModel, vocab_limit: int | None, backend: str, prompt_budget: int, quant: str = "none",

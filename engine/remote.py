@@ -395,7 +395,8 @@ class RemoteEngine:
         pieces = self._pieces = _Pieces()
         max_lines = 1 if request.mode == "single-line" else request.limits.max_lines
         rules = _StopRules(pieces, self._stop_strings(request), max_lines, request.limits.time_budget_s,
-                           request.limits.min_indent, closer_words=request.limits.closer_words)
+                           request.limits.min_indent, closer_words=request.limits.closer_words,
+                           lead_indent=request.limits.lead_indent)
         reason, done = "", False
         watch = self._backend.watch = _Watch(cancel, time.monotonic() + self.cfg.timeout_ms / 1e3)
         try:

@@ -39,13 +39,16 @@ class _StopRules:
     """
 
     def __init__(self, tokenizer, stop: tuple[str, ...], max_lines: int, time_budget_s: float, min_indent: int = -1,
-                 healed: str = "", context: tuple[int, ...] = (), closer_words: tuple[str, ...] = ()):
+                 healed: str = "", context: tuple[int, ...] = (), closer_words: tuple[str, ...] = (),
+                 lead_indent: int = -1):
         """`context`: the prompt's last token, decoded before the answer (decode_answer); `closer_words`:
-        a dedented line of one of these closes the block as a `}` line does (Limits.closer_words)."""
+        a dedented line of one of these closes the block as a `}` line does (Limits.closer_words);
+        `lead_indent`: Limits.lead_indent (the first line's scope counts from it; -1: not checked)."""
         self.closer_words = tuple(closer_words)
         self.tokenizer, self.stop, self.max_lines, self.budget = tokenizer, stop, max_lines, time_budget_s
         self.context = tuple(context)
         self.min_indent = min_indent
+        self.lead_indent = lead_indent
         self.started = time.perf_counter()
         self.seen = 0  # tokens checked
         self.newlines = 0
@@ -112,7 +115,8 @@ class _StopRules:
         while True:
             nl = text.find("\n", self.line_start)
             line = text[self.line_start :] if nl < 0 else text[self.line_start : nl]
-            if self.line_start and line.strip() and len(line) - len(line.lstrip()) < self.min_indent:
+            lead = 0 if self.line_start else self.lead_indent  # the first line starts at the cursor
+            if lead >= 0 and line.strip() and lead + len(line) - len(line.lstrip()) < self.min_indent:
                 # one that may still become a closing line is read to its end
                 return nl >= 0 or not (closes_block(line, self.closer_words)
                                        or any(w.startswith(line.strip()) for w in self.closer_words))
@@ -130,7 +134,8 @@ class _StopRules:
         if (end := _repetition_end(text)) >= 0:
             # a loop inside a line is cut mid-line: that line goes too, as after a limit stop
             text = text[:end] if text[end : end + 1] in ("\n", "") else _drop_unfinished_line(text[:end])
-        if self.min_indent >= 0 and (end := _scope_end(text, self.min_indent, self.closer_words)) >= 0:
+        if self.min_indent >= 0 and (end := _scope_end(text, self.min_indent, self.closer_words,
+                                                        self.lead_indent)) >= 0:
             text = text[:end]
         for s in self.stop:
             i = text.find(s)
@@ -196,22 +201,24 @@ def closes_block(line: str, words: tuple[str, ...] = ()) -> bool:
 _FIRST_WORD = re.compile(r"\w+")
 
 
-def _scope_end(text: str, min_indent: int, words: tuple[str, ...] = ()) -> int:
+def _scope_end(text: str, min_indent: int, words: tuple[str, ...] = (), lead: int = -1) -> int:
     """Where the answer leaves the cursor's scope; -1 if it does not.
 
     At the first later line that dedents below `min_indent`: the offset of the newline before it, or,
     for a line of closing brackets only, of its end (it closes the block: kept, and the answer ends there).
     A line counts as soon as its first non-blank character exists (its indentation is known then),
     so generation stops at the first token of the next scope instead of writing that line out.
+    `lead` (>= 0): the first line is checked too, its indentation counted from there (Limits.lead_indent).
     """
-    offset = text.find("\n") + 1
-    if offset == 0:
+    offset = 0 if lead >= 0 else text.find("\n") + 1
+    if offset == 0 and lead < 0:
         return -1
     for line in text[offset:].split("\n"):
-        if line.strip() and len(line) - len(line.lstrip()) < min_indent:
+        depth = len(line) - len(line.lstrip()) + (lead if offset == 0 else 0)
+        if line.strip() and depth < min_indent:
             if closes_block(line, words):
                 return offset + len(line)  # it closes the block: kept, and the answer ends with it
-            return offset - 1  # cut before the newline that led to it
+            return max(offset - 1, 0)  # cut before the newline that led to it (the first line: all of it)
         offset += len(line) + 1
     return -1
 

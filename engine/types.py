@@ -27,6 +27,9 @@ class Limits:
     stop: tuple[str, ...] = ()  # stop strings (the text is cut before them)
     time_budget_s: float = 0.0  # 0 = none; fires only once a full line exists
     min_indent: int = -1  # stop at a later line indented less than this (the scope ended); -1 = off
+    # the cursor's line is this much whitespace and nothing else: the answer's first line is checked
+    # too, at this plus its own indentation (an empty line inside a body, the cursor at column 0); -1 = not
+    lead_indent: int = -1
     # a dedented line that is one of these words (and closers) closes the block, kept as a `}` line is
     # (Lua and Ruby's `end`, the shell's `fi`/`done`/`esac`)
     closer_words: tuple[str, ...] = ()

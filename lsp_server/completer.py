@@ -66,9 +66,10 @@ def build_request(snap: Snapshot, cfg: CompletionConfig, roots: Sequence[Path] =
     mode = postprocess.choose_mode(snap.before, snap.after, cfg.mode, snap.language)
     max_lines = 1 if mode == "single-line" else cfg.max_lines_multi
     # multi-line: the engine stops as soon as a line leaves the cursor's scope (what postprocess cuts anyway)
-    min_indent = postprocess.scope_min_indent(snap.before, snap.language) if mode == "multi-line" else -1
+    multi = mode == "multi-line"
+    min_indent = postprocess.scope_min_indent(snap.before, snap.language, snap.after) if multi else -1
     limits = Limits(max_tokens=cfg.max_tokens, max_lines=max_lines, time_budget_s=cfg.time_budget_s,
-                    min_indent=min_indent, closer_words=postprocess.closer_words(snap.language),
+                    min_indent=min_indent, lead_indent=postprocess.lead_indent(snap.before) if multi else -1, closer_words=postprocess.closer_words(snap.language),
                     stop=postprocess.stop_strings(snap.language))
     prefix = prefix_window(snap.before, cfg.prefix_chars, cfg.window_quantum)
     suffix = suffix_window(snap.after, cfg.suffix_chars)

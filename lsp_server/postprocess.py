@@ -132,16 +132,52 @@ def indent_of(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def scope_min_indent(prefix: str, language: str = "") -> int:
+def scope_min_indent(prefix: str, language: str = "", suffix: str = "") -> int:
     """The least indentation a later line of the completion may have and still be in the cursor's scope.
 
-    The cursor line's indentation (on a whitespace-only line: the block the typed indent puts us in),
-    one more after a block opener (``language``'s keywords included). The engine stops on the same
-    rule (``Limits.min_indent``).
+    The cursor line's indentation (typed whitespace included: the user's choice), one more after a
+    block opener (``language``'s keywords included). An empty cursor line (an empty line inside a
+    function body, the cursor at column 0) is in the block the code around it is in: one deeper than
+    a block opener above it, else no shallower than both the code above and the code below (one
+    deeper than a closer below, which ends that block). Code at the start of a line there would
+    break the block (Python's `return` after a module-level line is an error). The engine stops on
+    the same rule (``Limits.min_indent``).
     """
     cursor_line = prefix.rsplit("\n", 1)[-1]
     base = indent_of(cursor_line)
-    return base + 1 if opens_block(cursor_line, language) else base
+    if cursor_line:
+        return base + 1 if opens_block(cursor_line, language) else base
+    before = _last_code_line(prefix[: len(prefix) - len(cursor_line)])
+    if "\n" in suffix and suffix.split("\n", 1)[0].strip() == "":
+        after = _first_code_line(suffix.split("\n", 1)[1])
+    else:
+        after = ""  # code after the cursor on its line, or the end of the file
+    if not before:
+        return 0
+    if opens_block(before, language):
+        return indent_of(before) + 1
+    if not after:
+        return 0  # the end of the file: a new top-level definition is fine
+    floor = indent_of(after) + (after.lstrip()[:1] in CLOSERS or closes_block(after, closer_words(language)))
+    return min(indent_of(before), floor)
+
+
+def _last_code_line(text: str) -> str:
+    """The last non-blank line, its indentation kept (read from the end: ``text`` may be a whole file)."""
+    end = len(text)
+    while end > 0:
+        start = text.rfind("\n", 0, end - 1) + 1  # the line that holds text[end - 1]
+        if text[start:end].strip():
+            return text[start:end].rstrip()
+        end = start
+    return ""
+
+
+def lead_indent(prefix: str) -> int:
+    """The whitespace before the cursor on its line when there is nothing else: the answer's first line
+    starts there, so its own indentation counts for the scope (Limits.lead_indent); -1 otherwise."""
+    cursor_line = prefix.rsplit("\n", 1)[-1]
+    return -1 if cursor_line.strip() else len(cursor_line)
 
 
 def cut_at_scope_end(text: str, prefix: str, suffix: str = "", language: str = "") -> str:
@@ -151,7 +187,7 @@ def cut_at_scope_end(text: str, prefix: str, suffix: str = "", language: str = "
     unless the code after the cursor goes on inside the block: the block's closer is in the file
     then, and the answer's would close it early.
     """
-    min_indent = scope_min_indent(prefix, language)
+    min_indent = scope_min_indent(prefix, language, suffix)
     words = closer_words(language)
     after = _first_code_line(suffix.split("\n", 1)[1] if "\n" in suffix else "")
     block_goes_on = bool(after) and indent_of(after) >= min_indent
@@ -159,11 +195,13 @@ def cut_at_scope_end(text: str, prefix: str, suffix: str = "", language: str = "
     # at that depth or deeper closes it again (one further out closes the block the cursor's line opens)
     closed_at = indent_of(after) if after and not block_goes_on and closes_block(after, words) else -1
     lines = text.split("\n")
-    for i, line in enumerate(lines[1:], start=1):
+    lead = lead_indent(prefix)  # the first line starts at the cursor: counted only after whitespace
+    for i, line in enumerate(lines[1:] if lead < 0 else lines, start=1 if lead < 0 else 0):
         if not line.strip():
             continue
-        if indent_of(line) < min_indent:
-            if closes_block(line, words) and not block_goes_on and indent_of(line) > closed_at:
+        depth = indent_of(line) + (lead if i == 0 else 0)
+        if depth < min_indent:
+            if closes_block(line, words) and not block_goes_on and depth > closed_at:
                 return "\n".join(lines[: i + 1])
             return "\n".join(lines[:i])
     return text

@@ -35,6 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", type=int, default=60, help="held-out single-line completions and infills scored by exact match")
     p.add_argument("--samples", type=int, default=4, help="of each kind, how many to show")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--line-start", action="store_true", help="infills with the cursor at column 0 of the emptied "
+                   "line (an empty line inside a body): the answer brings the indentation, and exact match counts it")
     p.add_argument("--json", action="store_true")
 
 
@@ -99,7 +101,8 @@ def run_bench_model(args: argparse.Namespace) -> int:
     report["dtype"], report["quant"] = str(target.dtype).replace("torch.", ""), engine.config.quant
     report["prompt_tokens"] = engine.prompts.budget.total
     report["suffix_share"] = engine.prompts.budget.suffix_share
-    done = _samples(engine, held, rng, args.tasks, bare=not args.no_bare)
+    done = _samples(engine, held, rng, args.tasks, bare=not args.no_bare, line_start=args.line_start)
+    report["infill_cursor"] = "column 0" if args.line_start else "after the indentation"
     # parses: a non-empty suggestion that leaves the file valid Python (every held-out file is)
     for arm in ("", "bare_") if not args.no_bare else ("",):
         for metric in ("exact", "first_word", "edit_similarity", "parses", "empty"):
@@ -170,8 +173,10 @@ def _bare(engine, prefix: str, budget: int) -> str:
     return tok.decode(out[0, len(ids):], skip_special_tokens=True).split("\n", 1)[0]
 
 
-def _samples(engine, files, rng, n: int, bare: bool = False) -> list[dict]:
-    """Greedy single-line completions (cut mid-line) and FIM infills (a line removed) on held-out files."""
+def _samples(engine, files, rng, n: int, bare: bool = False, line_start: bool = False) -> list[dict]:
+    """Greedy single-line completions (cut mid-line) and FIM infills (a line removed) on held-out files.
+
+    ``line_start``: an infill's cursor is at column 0 of the emptied line, not after its indentation."""
     out: list[dict] = []
     files = [f for f in files if f.text.count("\n") > 40]
     for i in range(n):
@@ -184,22 +189,24 @@ def _samples(engine, files, rng, n: int, bare: bool = False) -> list[dict]:
         indent = len(line) - len(line.lstrip())
         # completion: the cursor a third of the way into the line; infill: only its indentation typed
         kind = "completion" if i % 2 == 0 else "infill"
-        cut = start + indent + (len(line.strip()) // 3 if kind == "completion" else 0)
+        cut = start + (indent + len(line.strip()) // 3 if kind == "completion" else 0 if line_start else indent)
+        whole = kind == "infill" and line_start  # the answer is the whole line, its indentation too
         req = CompletionRequest(prefix=f.text[:cut], suffix=f.text[start + len(line.rstrip("\n")):], path=f.path,
                                 mode="single-line", limits=Limits(max_tokens=48, max_lines=1))  # the rest of the line is gone
         real = line[cut - start :].rstrip()
         res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
         row = {"kind": kind, "path": f.path, "line": j + 1, "context": f.text[max(start, cut - 60):cut],
-               "model": res.text, "real": real, **_score("", res.text, real, req)}
+               "model": res.text, "real": real, **_score("", res.text, real, req, whole)}
         if bare:
             text = _bare(engine, req.prefix, engine.prompts.budget.total)
-            row.update({"bare_model": text, **_score("bare_", text, real, req)})
+            row.update({"bare_model": text, **_score("bare_", text, real, req, whole)})
         out.append(row)
     return out
 
 
-def _score(arm: str, text: str, real: str, req: CompletionRequest) -> dict:
-    return {arm + "exact": text.strip() == real.strip(),
+def _score(arm: str, text: str, real: str, req: CompletionRequest, indent_counts: bool = False) -> dict:
+    """``indent_counts``: the answer brings the line's indentation (the cursor at column 0): exact match needs it."""
+    return {arm + "exact": text.rstrip() == real.rstrip() if indent_counts else text.strip() == real.strip(),
             arm + "first_word": _first_word(text) == _first_word(real) != "",
             arm + "edit_similarity": _edit_similarity(text, real),
             arm + "empty": not text.strip(),

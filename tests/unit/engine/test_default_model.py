@@ -105,6 +105,24 @@ def test_token_healing_on_a_fresh_tab_indented_line(engine):
     assert res.text.strip() and not res.text.startswith(("\t", " ", "\n")), repr(res.text)
 
 
+def test_a_cursor_at_column_0_of_an_empty_line_in_a_body_gets_the_body_indented(engine):
+    """An empty line inside a loop, the cursor at column 0: the prompt ends with a bare "\n" token, which
+    SmolLM2's tokenizer never leaves before indented code ("\n   " + " total"), so unhealed it wrote
+    `total += v;` at column 0. The "\n" is healed: the answer brings the loop body's indentation."""
+    tok = engine.target.tokenizer
+    prefix = "function sum(values) {\n  let total = 0;\n  for (const v of values) {\n"
+    req = CompletionRequest(prefix=prefix, suffix="\n  }\n  return total;\n}\n", path="sum.js", language="javascript",
+                            mode="multi-line", limits=Limits(max_tokens=16, max_lines=1))
+    built = engine.prompts.build(req).tokens
+    assert tok.decode(built[-1:]) == "\n"
+    tokens, healed, allowed = engine._heal(built)
+    assert healed == "\n" and tokens == built[:-1]
+    assert all(engine._token_texts[i].startswith("\n") for i in allowed.tolist())
+    engine.forget()
+    res = engine.complete(req, threading.Event(), SpecConfig(drafter="none"))
+    assert res.text.startswith("    ") and res.text.strip(), repr(res.text)
+
+
 @pytest.mark.skipif(not __import__("engine.eagle", fromlist=["SHIPPED"]).SHIPPED.is_file(),
                     reason="this build ships no EAGLE draft")
 def test_the_shipped_eagle_draft_drafts_for_it_losslessly():

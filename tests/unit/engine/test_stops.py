@@ -38,7 +38,8 @@ def llama_like(pieces: list[str]):
 
 def run(tok, ids: list[int], bounds, **limits) -> tuple[int | None, str | None, str]:
     """Call the rules on ids[:b] for each b of `bounds`: (b, reason, cut text) at the first stop."""
-    rules = _StopRules(tok, limits.get("stop", ()), limits.get("max_lines", 0), 0.0, limits.get("min_indent", -1))
+    rules = _StopRules(tok, limits.get("stop", ()), limits.get("max_lines", 0), 0.0, limits.get("min_indent", -1),
+                       lead_indent=limits.get("lead_indent", -1))
     for b in bounds:
         if reason := rules(ids[:b]):
             return b, reason, rules.cut(tok.decode(ids[:b]))
@@ -124,6 +125,22 @@ def test_a_closing_line_is_kept_and_ends_the_answer(prefix, items, kept):
     assert cut_at_scope_end(tok.decode(ids), prefix) == kept  # what postprocess keeps of the whole answer
     ended = run(tok, ids[: at - 1], range(1, at), min_indent=scope_min_indent(prefix))  # generation ends on it
     assert ended == (None, None, kept)
+
+
+@pytest.mark.parametrize(("items", "lead", "kept", "reason"), [
+    # the cursor at column 0 of an empty line inside a body (scope 4): a first line at column 0 leaves it
+    (["\n", "# Example usage", "\n", "save_config(", "\n"], 0, "", "scope"),
+    (["# Example", " usage", "\n", "x = 1"], 0, "", "scope"),
+    (["    ", "return", " data", "\n", "\n", "def", " g"], 0, "    return data\n", "scope"),
+    # two spaces typed: the first line's own two more reach the scope
+    (["  ", "return", " data", "\n", "x"], 2, "  return data", "scope"),
+    # not checked (code before the cursor): unchanged rules
+    (["# Example", " usage", "\n", "    y"], -1, "# Example usage\n    y", None),
+])
+def test_the_first_line_counts_for_the_scope_after_a_cursor_with_only_whitespace_before_it(items, lead, kept, reason):
+    tok, ids = pieces(items)
+    at, got, text = run(tok, ids, range(1, len(ids) + 1), min_indent=4, lead_indent=lead)
+    assert (got, text.rstrip("\n") if got else text) == (reason, kept.rstrip("\n") if reason else kept)
 
 
 def test_a_line_that_only_starts_with_closers_ends_before_it():

@@ -9,7 +9,7 @@ import pytest
 from lsp_server.completer import build_request
 from lsp_server.config import CompletionConfig
 from lsp_server.documents import Snapshot
-from lsp_server.postprocess import choose_mode, indent_of, postprocess, scope_min_indent
+from lsp_server.postprocess import choose_mode, cut_at_scope_end, indent_of, postprocess, scope_min_indent
 
 CURSOR = "█"
 CASES = sorted((Path(__file__).parent / "golden" / "postprocess").glob("*.txt"))
@@ -463,3 +463,47 @@ def test_closers_an_answer_needs_are_kept_when_later_lines_close_outer_blocks(la
 )
 def test_a_keyword_block_keeps_its_closing_line(language, prefix, text, suffix, expected):
     assert postprocess(text, prefix, suffix, "multi-line", 12, language=language) == expected
+
+
+# an empty line inside a body, the cursor at column 0 (the block's indentation comes with the answer)
+BODY = "import json\n\n\ndef load(path):\n    with open(path) as f:\n        data = json.load(f)\n"
+
+
+@pytest.mark.parametrize(("prefix", "suffix", "language", "floor"), [
+    (BODY, "\n    return data\n", "python", 4),  # between a deeper line and the block's last line
+    (BODY, "\n\n\ndef save(path):\n", "python", 0),  # after the function: a new definition may follow
+    (BODY, "", "python", 0),  # the end of the file
+    ("def save(path, data):\n    with open(path) as f:\n", "", "python", 5),  # after a block opener
+    ("class A:\n    def f(self):\n        return 1\n", "\n    def g(self):\n", "python", 4),  # between methods
+    ("  for (const v of values) {\n", "\n  }\n", "javascript", 3),  # an opener above, its closer below
+    ("  let total = 0;\n", "\n}\n", "javascript", 1),  # the closer ends the block the line is in
+    ("if [ -n x ]; then\n  echo a\n", "\nfi\n", "shellscript", 1),  # a closer word alike
+    ("def f():\n        x = (1 +\n            2)\n", "\n        return x\n", "python", 8),
+    (BODY + "    ", "\n    return data\n", "python", 4),  # the typed indentation: as before
+    (BODY + "        ", "\n    return data\n", "python", 8),
+])
+def test_an_empty_cursor_line_is_in_the_block_of_the_code_around_it(prefix, suffix, language, floor):
+    assert scope_min_indent(prefix, language, suffix) == floor
+
+
+def test_the_request_of_an_empty_cursor_line_carries_its_scope_and_lead():
+    snap = Snapshot(uri="file:///w/load.py", version=1, language="python", path="load.py", before=BODY, after="\n    return data\n")
+    limits = build_request(snap, CompletionConfig()).limits
+    assert (limits.min_indent, limits.lead_indent) == (4, 0)
+    snap = Snapshot(uri="file:///w/load.py", version=1, language="python", path="load.py", before=BODY + "  ", after="\n    return data\n")
+    assert build_request(snap, CompletionConfig()).limits.lead_indent == 2
+    snap = Snapshot(uri="file:///w/load.py", version=1, language="python", path="load.py", before=BODY + "    x", after="\n")
+    assert build_request(snap, CompletionConfig()).limits.lead_indent == -1  # code before the cursor
+
+
+@pytest.mark.parametrize(("text", "suffix", "kept"), [
+    # the model's module-level example code inside a function (the case that was inserted)
+    ("\n# Example usage\nsave_config(\n    \"data.json\",\n    data\n)", "\n    return data\n", ""),
+    ("# Example usage", "\n    return data\n", ""),
+    ("        data = dict(data)\n    return data", "\n    return data\n", "        data = dict(data)\n    return data"),
+    ("    log(data)\nprint(1)", "\n    return data\n", "    log(data)"),
+    # after the function: a new top-level definition stays
+    ("\ndef save(path):\n    pass", "\n\n\ndef other():\n", "\ndef save(path):\n    pass"),
+])
+def test_an_answer_at_column_0_inside_a_body_stays_in_the_block(text, suffix, kept):
+    assert cut_at_scope_end(text, BODY, suffix, "python") == kept
