@@ -134,6 +134,26 @@ def redact(text: str) -> str:
     return redact_slices(text, [(0, len(text))])[0]
 
 
+# why a skip reason is what it is, where its name alone does not say
+SKIP_DETAILS = {"bad_name": "the name is not valid UTF-8: the index cannot store its path"}
+
+
+def _utf8_name(name: str) -> bool:
+    """False for a name that is not UTF-8 on disk (a Latin-1 name from a zip, say): Python holds its
+    bytes as surrogates, which SQLite cannot store."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def shown(path: str) -> str:
+    """``path`` for a log line: as it is, or its repr where it holds undecodable bytes (a stream
+    encoding it would fail, and the bytes are what identifies it)."""
+    return path if _utf8_name(path) else repr(path)
+
+
 def content_digest(text: str) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).hexdigest()
 
@@ -151,8 +171,10 @@ class FileFilter:
         self.roots = [Path(os.path.abspath(r)) for r in roots]
         self.config = config
         self._real_roots = tuple(os.path.realpath(r) for r in self.roots)
-        self._excluded_dirs = tuple(Path(os.path.abspath(d)) for d in extra_excluded_dirs)
-        self._dir_specs: dict[Path, list[GitIgnoreSpec]] = {}
+        self._excluded_dirs = tuple(os.path.abspath(d).rstrip(os.sep) + os.sep for d in extra_excluded_dirs)
+        # by directory; strings, not Paths, as in the other checks every entry goes through: a new
+        # Path per ancestor costs O(depth) each, which a tree 1,000 levels deep made minutes
+        self._dir_specs: dict[str, list[GitIgnoreSpec]] = {}
         self._root_specs: dict[Path, list[GitIgnoreSpec]] = {}
         self._secret_names = GitIgnoreSpec.from_lines(config.secret_name_patterns)
         # one compiled pattern each: every search then starts with a fast literal scan, which one
@@ -161,11 +183,19 @@ class FileFilter:
 
     # ---- ignore rules -------------------------------------------------
     def invalidate(self, directory: Path | None = None) -> None:
+        """Forget the cached rules of ``directory`` and of every directory below it (all: None).
+
+        Below it too: a directory removed or moved away takes its subdirectories' ignore files along,
+        and a new one moved in under its name must not be judged by them."""
         if directory is None:
             self._dir_specs.clear()
             self._root_specs.clear()
-        else:
-            self._dir_specs.pop(Path(os.path.abspath(directory)), None)
+            return
+        directory = os.path.abspath(directory)
+        prefix = directory.rstrip(os.sep) + os.sep
+        for cached in list(self._dir_specs):
+            if cached == directory or cached.startswith(prefix):
+                self._dir_specs.pop(cached, None)
 
     def root_of(self, path: Path) -> Path | None:
         best = None
@@ -197,10 +227,10 @@ class FileFilter:
             self._root_specs[root] = specs
         return specs
 
-    def _specs_for_dir(self, directory: Path) -> list[GitIgnoreSpec]:
+    def _specs_for_dir(self, directory: str) -> list[GitIgnoreSpec]:
         specs = self._dir_specs.get(directory)
         if specs is None:
-            specs = [s for s in (self._read_spec(directory / n) for n in IGNORE_FILE_NAMES) if s is not None]
+            specs = [s for s in (self._read_spec(Path(directory, n)) for n in IGNORE_FILE_NAMES) if s is not None]
             self._dir_specs[directory] = specs
         return specs
 
@@ -213,22 +243,26 @@ class FileFilter:
             r = spec.check_file(rel_root).include
             if r is not None:
                 result = r
-        directory = root
+        directory = str(root)
         rel_parts = path.relative_to(root).parts
         for depth in range(len(rel_parts)):
-            rel = "/".join(rel_parts[depth:]) + suffix
-            for spec in self._specs_for_dir(directory):
-                r = spec.check_file(rel).include
-                if r is not None:
-                    result = r
-            directory = directory / rel_parts[depth]
+            specs = self._specs_for_dir(directory)
+            if specs:
+                rel = "/".join(rel_parts[depth:]) + suffix
+                for spec in specs:
+                    r = spec.check_file(rel).include
+                    if r is not None:
+                        result = r
+            directory = os.path.join(directory, rel_parts[depth])
         return bool(result)
 
     def _is_excluded_dir(self, path: Path) -> bool:
-        return any(path == d or d in path.parents for d in self._excluded_dirs)
+        return (str(path) + os.sep).startswith(self._excluded_dirs)
 
     def entry_reason(self, root: Path, path: Path, is_dir: bool) -> str | None:
         """Reason to skip one walk entry whose ancestors were already accepted, or None."""
+        if not _utf8_name(path.name):
+            return "bad_name"
         if is_dir and path.name in ALWAYS_IGNORED_DIRS:
             return "ignored"
         if self._is_excluded_dir(path):
@@ -296,16 +330,25 @@ class FileFilter:
     def _skip(self, result: WalkResult, path: Path, reason: str, detail: object = "") -> None:
         result.skipped[reason] += 1
         level = logging.DEBUG if reason == "ignored" else logging.INFO
-        log.log(level, "skip %s (%s) %s", path, reason, detail)
+        log.log(level, "skip %s (%s) %s", shown(str(path)), reason, detail or SKIP_DETAILS.get(reason, ""))
 
-    def _walk_dir(self, root, directory, result, seen_dirs, seen_files) -> None:
+    def _entries(self, directory: Path, result: WalkResult):
         try:
             with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
+                return iter(sorted(it, key=lambda e: e.name))
         except OSError as exc:
             self._skip(result, directory, "unreadable", exc)
-            return
-        for entry in entries:
+            return iter(())
+
+    def _walk_dir(self, root, directory, result, seen_dirs, seen_files) -> None:
+        # a stack of the open directories' remaining entries, not recursion: a tree deeper than
+        # Python's recursion limit (~1,000 levels) would otherwise fail the whole walk
+        stack = [self._entries(directory, result)]
+        while stack:
+            entry = next(stack[-1], None)
+            if entry is None:
+                stack.pop()
+                continue
             path = Path(entry.path)
             try:
                 is_link = entry.is_symlink()
@@ -334,7 +377,7 @@ class FileFilter:
                     self._skip(result, path, "symlink_loop" if is_link else "duplicate_dir")
                     continue
                 seen_dirs.add(key)
-                self._walk_dir(root, path, result, seen_dirs, seen_files)
+                stack.append(self._entries(path, result))
             elif stat.S_ISREG(st.st_mode):
                 if st.st_size > self.config.max_file_bytes:
                     self._skip(result, path, "too_large", st.st_size)

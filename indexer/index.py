@@ -18,7 +18,7 @@ from .bm25 import Bm25Index, chunk_tokens
 from .chunker import Chunker
 from .config import IndexConfig
 from .dense import Embedder, make_embedder
-from .files import IGNORE_FILE_NAMES, FileFilter, SourceFile, WalkResult
+from .files import IGNORE_FILE_NAMES, SKIP_DETAILS, FileFilter, SourceFile, WalkResult, shown
 from .imports import FileTable
 from .models import Chunk, IndexStats, Symbol
 from .store import FileRecord, Store
@@ -81,6 +81,9 @@ class Index:
         self._digests: dict[str, str] = {}
         self.files = FileTable()  # indexed paths by file and directory name (import resolution)
         self._overlays: dict[str, str] = {}
+        # remove()d paths not yet applied: a later touch of the same path (a file moved in under a
+        # directory's name) replaces the worker's remove request, not what was under the directory
+        self._removed: set[str] = set()
         self._walk_skipped: Counter = Counter()
         self._content_skipped: dict[str, str] = {}
         self._last_index_s = 0.0
@@ -109,14 +112,14 @@ class Index:
     def _load(self) -> None:
         """Fill memory from the store; only chunks lacking a vector (new embedder) are embedded."""
         t0 = time.perf_counter()
-        states = self.store.file_states()
+        states, stored_chunks, stored_symbols = self.store.read_all()
         self._digests = {p: s.digest for p, s in states.items()}
         for path in states:  # every indexed file, chunks or not (an empty __init__.py names its package)
             self.files.add(path)
         missing: list[Chunk] = []
         ids: list[int] = []
         vecs: list[np.ndarray] = []
-        for stored in self.store.iter_chunks():
+        for stored in stored_chunks:
             chunk = stored.chunk
             self._chunks[chunk.id] = chunk
             self._tokens[chunk.id] = stored.tokens
@@ -130,7 +133,7 @@ class Index:
                     vecs.append(stored.vector)
         if self.vectors is not None and ids:
             self.vectors.add(ids, np.vstack(vecs))
-        for sym in self.store.symbols():
+        for sym in stored_symbols:
             self._symbols[sym.name].append(sym)
             self._path_symbols.setdefault(sym.path, []).append(sym)
         self.bm25.commit()
@@ -187,13 +190,13 @@ class Index:
                 batch_chunks += max(1, len(src.text) // 1500)
                 if batch_chunks >= self.config.embed_batch:
                     searchable = time.perf_counter() - last_commit >= BUILD_COMMIT_S
-                    self._commit_sources(batch, removals, commit=searchable)
+                    self._commit_each_if_needed(batch, removals, commit=searchable)
                     if searchable:
                         last_commit = time.perf_counter()
                     removals, batch, batch_chunks = [], [], 0
                     if progress:
                         progress(done, total, entry.path)
-            self._commit_sources(batch, removals)
+            self._commit_each_if_needed(batch, removals)
             if progress:
                 progress(total, total, "done")
         self._last_index_s = time.perf_counter() - t0
@@ -202,11 +205,31 @@ class Index:
                 "seconds": round(self._last_index_s, 3), "skipped": st.skipped, "indexed_now": total}
 
 
+    def _commit_each_if_needed(self, sources: list[SourceFile], removals: list[str], commit: bool = True) -> None:
+        """The build's batch, or where it fails, each of its files on its own: one file that cannot be
+        indexed is logged and left out (the next build tries it again), never the build's end."""
+        try:
+            self._commit_sources(sources, removals, commit=commit)
+            return
+        except Exception:
+            if len(sources) + len(removals) <= 1:
+                raise
+            log.warning("indexing a batch of %d file(s) failed: indexing them one at a time",
+                        len(sources) + len(removals), exc_info=True)
+        for src, gone in [(s, []) for s in sources] + [(None, [p]) for p in removals]:
+            try:
+                self._commit_sources([src] if src is not None else [], gone, commit=False)
+            except Exception as exc:
+                log.error("not indexed: %s (%s: %s)", shown(src.path if src is not None else gone[0]),
+                          type(exc).__name__, exc)
+        if commit:
+            self.bm25.commit()
+
     def _note_skip(self, path: str, reason: str | None) -> None:
         if reason and reason not in ("vanished", "outside_roots", "ignored"):
             with self._lock:
                 self._content_skipped[path] = reason
-            log.info("skip %s (%s)", path, reason)
+            log.info("skip %s (%s) %s", shown(path), reason, SKIP_DETAILS.get(reason, ""))
 
     def _display(self, path: str) -> str:
         root = self.filter.root_of(Path(path))
@@ -361,17 +384,19 @@ class Index:
         p = os.path.abspath(path)
         with self._lock:
             self._overlays.pop(p, None)
-            prefix = p.rstrip(os.sep) + os.sep
-            under = [q for q in self._path_chunks if q.startswith(prefix)] + \
-                    [q for q in self._digests if q.startswith(prefix)]
-        if os.path.basename(p) in IGNORE_FILE_NAMES:  # its rules are gone: what they hid may be indexed
+            self._removed.add(p)
+        # a directory's rules (and those below it) went with it; an ignore file's: what they hid may be indexed
+        self.filter.invalidate(Path(p))
+        if os.path.basename(p) in IGNORE_FILE_NAMES:
             self.filter.invalidate(Path(p).parent)
         worker = self._ensure_worker()
-        if worker is None:
-            return
-        worker.submit(p, remove=True)
-        for q in set(under):
-            worker.submit(q, remove=True)
+        if worker is not None:
+            worker.submit(p, remove=True)  # a directory's files are found when it is applied (_update_batch)
+
+    def indexed(self, path: Path | str) -> bool:
+        """Whether the index holds ``path`` now."""
+        with self._lock:
+            return os.path.abspath(path) in self._digests
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every touch/remove so far is searchable. False on timeout."""
@@ -383,7 +408,7 @@ class Index:
             for directory in {os.path.dirname(p) for p in batch if os.path.basename(p) in IGNORE_FILE_NAMES}:
                 batch = {**self._ignore_rescan(Path(directory)), **batch}
             sources: list[SourceFile] = []
-            removals: list[str] = []
+            removals = self._removed_under(batch)
             for path, force_remove in batch.items():
                 known = path in self._digests
                 if force_remove:
@@ -409,6 +434,19 @@ class Index:
             if sources or removals:
                 self._commit_sources(sources, removals)
         log.debug("updated %d path(s) in %.1f ms", len(batch), (time.perf_counter() - t0) * 1e3)
+
+    def _removed_under(self, batch: dict[str, bool]) -> list[str]:
+        """The indexed files under the batch's removed directories, found now (under the write lock),
+        not when remove() was called: files a batch was indexing then are indexed by now and go too.
+        Those the batch itself touches get its usual checks; an open editor's unsaved buffer stays."""
+        with self._lock:
+            removed, self._removed = self._removed, set()
+        removed.update(p for p, gone in batch.items() if gone)
+        prefixes = tuple(p.rstrip(os.sep) + os.sep for p in removed if p not in self._digests)
+        if not prefixes:
+            return []
+        with self._lock:
+            return [q for q in self._digests if q.startswith(prefixes) and q not in batch and q not in self._overlays]
 
     def _ignore_rescan(self, directory: Path) -> dict[str, bool]:
         """The paths under ``directory`` whose fate an edit of its ignore file may have changed: those

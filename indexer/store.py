@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sqlite3
 import threading
@@ -36,6 +37,14 @@ CREATE TABLE IF NOT EXISTS symbols(
 CREATE INDEX IF NOT EXISTS symbols_name ON symbols(name);
 CREATE INDEX IF NOT EXISTS symbols_path ON symbols(path);
 """
+
+
+def is_corrupt(exc: sqlite3.DatabaseError) -> bool:
+    """A store file that is no database or a damaged one; not one that is locked or read-only."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is None:
+        return type(exc) is sqlite3.DatabaseError
+    return code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
 @dataclass(frozen=True)
@@ -80,6 +89,25 @@ class Store:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "index.sqlite3"
         self._lock = threading.Lock()
+        self._settings = (embedder_name, dim, content)
+        try:
+            self._open(embedder_name, dim, content)
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            self.reset(exc)
+
+    def reset(self, exc: BaseException) -> None:
+        """Replace a corrupt store file (overwritten, truncated) by an empty store: everything in it can
+        be read and embedded again, and without it every start would fail to open the index."""
+        log.warning("index store %s is unreadable (%s); deleting it and indexing from scratch", self.path, exc)
+        with contextlib.suppress(Exception):
+            self._db.close()
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+        self._open(*self._settings)
+
+    def _open(self, embedder_name: str, dim: int, content: str | None) -> None:
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
@@ -98,6 +126,17 @@ class Store:
         self._db.executescript(_SCHEMA)
         self._dim = dim
         self._check_meta(embedder_name, dim, content)
+
+    def read_all(self) -> tuple[dict[str, "FileState"], list["StoredChunk"], list[Symbol]]:
+        """Everything the index loads at start, read before any of it is used: a corrupt store found
+        here is reset (empty) instead of failing the start or leaving half of it loaded."""
+        try:
+            return self.file_states(), list(self.iter_chunks()), self.symbols()
+        except sqlite3.DatabaseError as exc:
+            if not is_corrupt(exc):
+                raise
+            self.reset(exc)
+            return {}, [], []
 
     def _drop_tables(self) -> None:
         self._db.executescript("".join(f"DROP TABLE IF EXISTS {t};" for t in _TABLES))

@@ -29,7 +29,8 @@ class Watcher:
     Events are collected until nothing has arrived for ``debounce_s`` (bounded by
     ``max_delay_s``), then each changed path is touched or removed once.
     ``is_ignored(path)`` filters paths (ignore rules, secrets); anything under
-    ``ignore_dirs`` (the cache directory, .git) is dropped outright.
+    ``ignore_dirs`` (the cache directory, .git) is dropped outright. ``new_dir(path)`` is called
+    before a directory that appeared (made, or moved in) is walked.
     """
 
     def __init__(
@@ -40,6 +41,7 @@ class Watcher:
         ignore_dirs: Iterable[Path | str] = (),
         debounce_s: float = 0.15,
         max_delay_s: float = 2.0,
+        new_dir: Callable[[str], None] | None = None,
     ):
         self.roots = [os.path.abspath(r) for r in roots]
         self.sink = sink
@@ -47,6 +49,7 @@ class Watcher:
         self.ignore_prefixes = tuple(os.path.abspath(d).rstrip(os.sep) + os.sep for d in ignore_dirs)
         self.debounce_s = debounce_s
         self.max_delay_s = max_delay_s
+        self.new_dir = new_dir
         # path -> "touch" | "remove" | "touch_dir" | "remove+touch" | "remove+touch_dir" (see _note)
         self._pending: dict[str, str] = {}
         self._first_at = 0.0
@@ -141,6 +144,8 @@ class Watcher:
                 if action.startswith("remove"):
                     self.sink.remove(path)
                 if action.endswith("touch_dir"):
+                    if self.new_dir is not None:
+                        self.new_dir(path)
                     for dirpath, dirnames, filenames in os.walk(path):
                         dirnames[:] = [d for d in dirnames if not self.is_ignored(os.path.join(dirpath, d) + os.sep)]
                         for name in filenames:
@@ -175,7 +180,14 @@ def watch_index(index, debounce_s: float | None = None, sink: IndexSink | None =
             return False
         if path.endswith(os.sep):
             return index.filter.path_reason(Path(path.rstrip(os.sep)) / "x") == "ignored"
-        return index.filter.path_reason(Path(path)) is not None
+        # a file the index holds that is now to be skipped (replaced by a link out of the workspace,
+        # say) still goes to the index, which drops it
+        return index.filter.path_reason(Path(path)) is not None and not index.indexed(path)
+
+    def new_dir(path: str) -> None:
+        # the rules cached for a directory of that name before (moved away, say) are not this one's;
+        # the index forgets them on its remove(), but a sink other than the index may hand that over later
+        index.filter.invalidate(Path(path))
 
     return Watcher(
         index.roots,
@@ -183,4 +195,5 @@ def watch_index(index, debounce_s: float | None = None, sink: IndexSink | None =
         ignored,
         ignore_dirs=[index.cache_dir],
         debounce_s=index.config.debounce_s if debounce_s is None else debounce_s,
+        new_dir=new_dir,
     ).start()

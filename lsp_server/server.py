@@ -505,10 +505,16 @@ class Draftline:
         if os.path.basename(path) == WORKSPACE_FILE and Path(path).parent in self.roots:
             log.info("%s changed: configuration re-read", path)
             self.configure()
+        if self._overlaid_path(path):
+            return  # the editor's unsaved text stays what the index serves: its save or close reads the disk
         if deleted:
             self.index.remove(path)
         else:
             self.index.touch(path, None)
+
+    def _overlaid_path(self, path: str) -> bool:
+        key = os.path.abspath(path)
+        return any(os.path.abspath(to_fs_path(uri) or "") == key for uri in self._overlaid)
 
     def set_roots(self, params: t.InitializeParams) -> None:
         folders = params.workspace_folders or []
@@ -602,21 +608,48 @@ class DiskChanges:
 
     A change is known by the file's state after it (size, mtime, inode; None once deleted): a report
     that finds the file as the last passed one left it is the other watcher's copy of that change.
+    A directory's removal is the removal of everything under it, and a directory made again is only
+    reported as its files: those states are compared against what happened to their directories too.
     """
 
+    _BACK = "back"  # a removed directory that files were reported in since: a new removal is no copy
+
     def __init__(self) -> None:
-        self._seen: dict[str, tuple[int, int, int] | None] = {}
+        self._seen: dict[str, tuple[Any, int]] = {}  # path -> (its state, the number of that change)
+        self._count = 0
 
     def is_new(self, path: str, deleted: bool) -> bool:
         key = os.path.abspath(path)
         state = None if deleted else _file_state(key)
-        if key in self._seen and self._seen[key] == state:
+        parents = _parents(key)
+        last = self._seen.get(key)
+        # a directory removed after this state was seen took the file out of the index: a rename back
+        # in keeps its size, mtime and inode, and is still a change
+        if last is not None and last[0] == state and not any(self._removed_since(p, last[1]) for p in parents):
             return False
-        self._seen[key] = state
+        self._count += 1
+        self._seen[key] = (state, self._count)
+        if state is not None:
+            for parent in parents:  # it exists again: its next removal is a new one
+                seen = self._seen.get(parent)
+                if seen is not None and seen[0] is None:
+                    self._seen[parent] = (self._BACK, seen[1])
         return True
+
+    def _removed_since(self, directory: str, count: int) -> bool:
+        seen = self._seen.get(directory)
+        return seen is not None and seen[0] in (None, self._BACK) and seen[1] > count
 
     def clear(self) -> None:
         self._seen.clear()
+
+
+def _parents(path: str) -> list[str]:
+    parents = []
+    while (parent := os.path.dirname(path)) != path:
+        parents.append(parent)
+        path = parent
+    return parents
 
 
 def _file_state(path: str) -> tuple[int, int, int] | None:

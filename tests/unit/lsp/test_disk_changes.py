@@ -35,3 +35,60 @@ def test_only_index_changes_that_need_it_reopen_the_index():
     assert _index_needs_rebuild(base, IndexSettings(enabled=False))
     assert _index_needs_rebuild(base, IndexSettings(options={"embedder": "none"}))
     assert not _index_needs_rebuild(base, IndexSettings())
+
+
+def test_a_directory_moved_out_back_in_and_out_again_is_removed_each_time(tmp_path):
+    changes, ws, trash = DiskChanges(), tmp_path / "ws", tmp_path / "trash"
+    (ws / "pkg").mkdir(parents=True)
+    trash.mkdir()
+    module = ws / "pkg" / "mod.py"
+    module.write_text("x = 1\n")
+    assert changes.is_new(str(module), deleted=False)  # edited once: its state is known
+    (ws / "pkg").rename(trash / "pkg")
+    assert changes.is_new(str(ws / "pkg"), deleted=True)
+    assert not changes.is_new(str(ws / "pkg"), deleted=True)  # the other watcher's copy
+    (trash / "pkg").rename(ws / "pkg")  # back in: a rename keeps the file's size, mtime and inode
+    assert changes.is_new(str(module), deleted=False)  # the index dropped it with its directory
+    assert not changes.is_new(str(module), deleted=False)
+    (ws / "pkg").rename(trash / "pkg")
+    assert changes.is_new(str(ws / "pkg"), deleted=True)  # gone again: not a copy of the first removal
+    assert not changes.is_new(str(ws / "pkg"), deleted=True)
+
+
+class _RecordingIndex:
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def touch(self, path: str, text: str | None = None) -> None:
+        self.calls.append(("touch", path, text))
+
+    def remove(self, path: str) -> None:
+        self.calls.append(("remove", path))
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_external_write_to_a_file_with_unsaved_changes_keeps_the_buffer_in_the_index(tmp_path):
+    from lsp_server.server import build_server
+
+    app = build_server().draftline
+    app.index = index = _RecordingIndex()
+    lib, other = tmp_path / "lib.py", tmp_path / "other.py"
+    lib.write_text("def disk_version(): pass\n")
+    other.write_text("x = 1\n")
+    app.index_touch(lib.as_uri(), "def buffer_version(): pass\n")  # didOpen/didChange: unsaved text
+    lib.write_text("def external_write(): pass\n")  # a tool rewrites the file under the editor
+    app.disk_changed(str(lib), deleted=False)
+    other.write_text("x = 2\n")
+    app.disk_changed(str(other), deleted=False)
+    assert index.calls == [("touch", str(lib), "def buffer_version(): pass\n"), ("touch", str(other), None)]
+    app.index_touch(lib.as_uri(), None)  # saved or closed: the disk counts again
+    lib.write_text("def external_again(): pass\n")
+    app.disk_changed(str(lib), deleted=False)
+    assert index.calls[-1] == ("touch", str(lib), None)
+    app.index_touch(lib.as_uri(), "def typed_again(): pass\n")
+    lib.unlink()  # deleted under the editor: its unsaved text is still what it shows
+    app.disk_changed(str(lib), deleted=True)
+    assert index.calls[-1] == ("touch", str(lib), "def typed_again(): pass\n")
+    app.close()
