@@ -63,13 +63,14 @@ def build_request(snap: Snapshot, cfg: CompletionConfig, roots: Sequence[Path] =
     prompt where the model's template has a repository header (Qwen2.5-Coder, StarCoder2; SmolLM2's
     measured better without one: engine.prompt.SMOLLM).
     """
-    mode = postprocess.choose_mode(snap.before, snap.after, cfg.mode, snap.language)
+    before, after = postprocess.to_lf(snap.before), postprocess.to_lf(snap.after)  # lines as the rules see them
+    mode = postprocess.choose_mode(before, after, cfg.mode, snap.language)
     max_lines = 1 if mode == "single-line" else cfg.max_lines_multi
     # multi-line: the engine stops as soon as a line leaves the cursor's scope (what postprocess cuts anyway)
     multi = mode == "multi-line"
-    min_indent = postprocess.scope_min_indent(snap.before, snap.language, snap.after) if multi else -1
+    min_indent = postprocess.scope_min_indent(before, snap.language, after) if multi else -1
     limits = Limits(max_tokens=cfg.max_tokens, max_lines=max_lines, time_budget_s=cfg.time_budget_s,
-                    min_indent=min_indent, lead_indent=postprocess.lead_indent(snap.before) if multi else -1, closer_words=postprocess.closer_words(snap.language),
+                    min_indent=min_indent, lead_indent=postprocess.lead_indent(before) if multi else -1, closer_words=postprocess.closer_words(snap.language),
                     stop=postprocess.stop_strings(snap.language))
     prefix = prefix_window(snap.before, cfg.prefix_chars, cfg.window_quantum)
     suffix = suffix_window(snap.after, cfg.suffix_chars)
@@ -120,10 +121,17 @@ class Completer:
                                     self.cfg.query_lines)
         chunks = self._retrieve(context)
         retrieved = time.perf_counter()
-        result = self.engine.complete(replace(request, snippets=chunks), cancel)
+        # The model sees "\n" line breaks whatever the file's (SmolLM2 answered a CRLF file differently, and
+        # its "\r\n" tokens left a "\r" on answers the stop rules cut at "\n"); postprocess gives the
+        # answer the document's line ending back. The completion keeps what the engine was given (the
+        # monitor's self-check runs it again).
+        chunks = tuple(replace(c, text=postprocess.to_lf(c.text)) if "\r" in c.text else c for c in chunks)
+        request = replace(request, snippets=chunks)
+        shown = replace(request, prefix=postprocess.to_lf(request.prefix), suffix=postprocess.to_lf(request.suffix))
+        result = self.engine.complete(shown, cancel)
         text = "" if result.cancelled else self.shape(result.text, request)
         total = time.perf_counter()
-        return Completion(text, request, result, chunks, _timings(started, retrieved, total, result.stats))
+        return Completion(text, replace(shown, snippets=()), result, chunks, _timings(started, retrieved, total, result.stats))
 
     def shape(self, text: str, request: CompletionRequest) -> str:
         template = getattr(self.engine, "template", None)  # a router or the fake engine has none: left to right

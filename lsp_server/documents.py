@@ -320,7 +320,7 @@ def completion_item(doc, snap: Snapshot, position: t.Position, text: str) -> t.C
     line = snap.before.rsplit("\n", 1)[-1]
     word = line[len(line.rstrip(WORD_CHARS)) :]
     start = t.Position(line=position.line, character=position.character - doc.position_codec.client_num_units(word))
-    label = (word + text).strip().split("\n", 1)[0][:80] or text.strip()[:80]
+    label = ((word + text).strip().splitlines() or [""])[0][:80] or text.strip()[:80]  # a CRLF line too
     edit = t.TextEdit(range=t.Range(start=start, end=position), new_text=word + text)
     # clients run an item's command once they inserted it (VS Code, Neovim 0.11's vim.lsp.completion):
     # acceptances count there as they do for inline items

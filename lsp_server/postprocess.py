@@ -101,14 +101,12 @@ def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int 
     """All the rules in order; pure. ``language``: an LSP language id (which comments to skip);
     ``sees_line_rest``: whether the model saw the rest of the cursor's line (a FIM prompt does;
     SmolLM2's left-to-right one shows only the lines after it)."""
-    # A CRLF document: the rules split on "\n", so a kept "\r" would end the suggestion or hide a
-    # closer from the bracket rules. Work on "\n"; the result gets the document's line ending
-    # (the model's own where the windows hold no line break to tell).
-    if "\r\n" in prefix or "\r\n" in suffix:
-        crlf = True
-    else:
-        crlf = "\n" not in prefix and "\n" not in suffix and "\r\n" in text
-    text, prefix, suffix = (s.replace("\r\n", "\n") for s in (text, prefix, suffix))
+    # A CRLF (or bare CR) document: the rules split on "\n", so a kept "\r" would end the suggestion or
+    # hide a closer from the bracket rules. Work on "\n"; the result gets the document's line ending
+    # (the model's own where the windows hold no line break to tell). A "\r" the engine's cut left at
+    # the end of an answer (it cuts at "\n") goes with the rest.
+    eol = line_ending(prefix, suffix) or line_ending(text) or "\n"
+    text, prefix, suffix = (to_lf(s) for s in (text, prefix, suffix))
     if mode == "single-line":
         text = text.split("\n", 1)[0]
     else:
@@ -125,7 +123,25 @@ def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int 
         # the cursor at a line's indentation, code after it the model never saw: its answer is a line of
         # its own (`|import json` got `import os`, which made `import osimport json`)
         text += "\n" + line_before
-    return text.replace("\n", "\r\n") if crlf else text
+    return text if eol == "\n" else text.replace("\n", eol)
+
+
+def to_lf(text: str) -> str:
+    """``text`` with "\n" line breaks: the rules', and the engine's (a model saw mostly LF code)."""
+    return text.replace("\r\n", "\n").replace("\r", "\n") if "\r" in text else text
+
+
+def line_ending(before: str, after: str = "") -> str:
+    """The line break nearest the cursor: the last in ``before``, else the first in ``after`` ("\r\n",
+    a bare "\r" or "\n"); "" when neither holds one."""
+    at = max(before.rfind("\n"), before.rfind("\r"))
+    if at >= 0:  # the cursor is never between a "\r" and its "\n"
+        return "\r" if before[at] == "\r" else "\r\n" if at and before[at - 1] == "\r" else "\n"
+    ends = [i for i in (after.find("\n"), after.find("\r")) if i >= 0]
+    if not ends:
+        return ""
+    at = min(ends)
+    return "\n" if after[at] == "\n" else "\r\n" if after.startswith("\n", at + 1) else "\r"
 
 
 def indent_of(line: str) -> int:

@@ -57,6 +57,26 @@ def test_the_readme_demo(engine):
     assert any(c.path == "shapes.py" for c in done.chunks)
 
 
+def test_the_readme_demo_in_a_crlf_copy_answers_as_the_lf_file(engine, tmp_path):
+    """A Windows checkout of the demo: SmolLM2 shown the file's "\r\n" answered `shape.area()\r` (the
+    stop rules cut at "\n"); the model is shown "\n" line ends, so the answer is the LF file's."""
+    from lsp_server import complete_cli
+    from lsp_server.config import resolve_config
+
+    for f in DEMO.iterdir():
+        if f.is_file():
+            (tmp_path / f.name).write_bytes(f.read_bytes().replace(b"\r\n", b"\n").replace(b"\n", b"\r\n"))
+    config = resolve_config(workspace_roots=[tmp_path], client_settings={"index": {"options": {"embedder": "none"}}})
+    made = complete_cli.make_engine
+    complete_cli.make_engine = lambda model: engine
+    try:
+        crlf = complete_cli.complete_file(tmp_path / "report.py", 8, 17, config, None, tmp_path)
+        lf = complete_cli.complete_file(DEMO / "report.py", 8, 17, config, None, DEMO)
+    finally:
+        complete_cli.make_engine = made
+    assert crlf.text == lf.text and crlf.text.strip() and "\r" not in crlf.text
+
+
 def test_speculation_equals_plain_greedy(engine):
     """From the same cache state (each run starts cold, as the benchmarks' runs do; since prompts run in
     int8 pieces a warm run would answer the same: test_warm_equals_cold). On code

@@ -289,3 +289,14 @@ def test_a_long_line_with_a_non_ascii_character_is_not_walked_in_python(monkeypa
         assert at.character == 6
         assert codec.position_to_client_units(lines, at) == t.Position(line=0, character=units + 5)
         assert codec.client_num_units(lines[0]) > 2_000
+
+
+def test_a_completion_items_label_is_its_first_line_in_a_crlf_document():
+    from lsprotocol import types as t
+
+    from lsp_server.documents import completion_item
+
+    doc = TextDocument(URI, "def f():\r\n    \r\n")
+    snap = snapshot(doc, 1, 4, ())
+    item = completion_item(doc, snap, t.Position(line=1, character=4), "y = 1\r\n    return y")
+    assert item.label == "y = 1" and item.text_edit.new_text == "y = 1\r\n    return y"

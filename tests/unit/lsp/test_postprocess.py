@@ -58,6 +58,13 @@ def test_there_are_golden_cases():
         ("a,\r\n    b\r\n)", "foo(\r\n    ", "\r\n)\r\n", "multi-line", "a,\r\n    b"),
         # an LF document gets LF even where the model wrote CRLF
         ("a = 1\r\n    b = 2", "def f():\n    ", "\n", "multi-line", "a = 1\n    b = 2"),
+        # a "\r" the engine's cut left at the end (it cuts at "\n"): not part of the answer
+        ("shape.area()\r", "total += ", "\r\n\r\n", "single-line", "shape.area()"),
+        ("self.x = x, self.y = y\r", "class Point:\r\n    def __init__(self, x, y):\r\n        ", "\r\n",
+         "multi-line", "self.x = x, self.y = y"),
+        # bare CR line ends (LSP allows them) get bare CRs, and the rules see lines
+        ("a = 1\n    b = 2\nc = 3", "def f():\r    ", "\r", "multi-line", "a = 1\r    b = 2"),
+        ("import os", "def f():\r    ", "import json\r", "single-line", "import os"),
     ],
 )
 def test_crlf_documents(text, prefix, suffix, mode, expected):
