@@ -12,16 +12,21 @@ between requests, and its streamed response hands over SSE lines as they arrive.
 cancel event) or the deadline shuts the stream's socket from a small watcher thread, so a read
 blocked on a silent server returns at once; the server sees the disconnect and stops generating.
 The watcher learns the socket from the network backend (_WatchedBackend): the first byte a request
-writes or reads names its connection, a new one or a reused keep-alive one alike.
+writes or reads names its connection, a new one or a reused keep-alive one alike; a new one is named
+before its (non-blocking) connect and again before its TLS handshake, so neither outlasts a keystroke.
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import json
 import logging
 import os
+import re
+import selectors
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -31,6 +36,11 @@ from typing import Any, Protocol
 import httpcore
 import httpx
 
+try:
+    from httpcore._backends.sync import SyncStream as _SyncStream  # httpcore's stream over a connected socket
+except ImportError:  # another httpcore: its own connect and handshake (a keystroke then cannot end them)
+    _SyncStream = None
+
 from engine.prompt import TEMPLATES, FimTemplate, PromptBudget, PromptBuilder
 from engine.stops import _StopRules
 from engine.types import CompletionRequest, CompletionResult, CompletionStats
@@ -38,6 +48,10 @@ from engine.types import CompletionRequest, CompletionResult, CompletionStats
 log = logging.getLogger(__name__)
 
 WATCH_POLL_S = 0.005  # how often the watcher looks at the cancel event and the deadline
+CONNECT_POLL_S = 0.05  # a connect in progress looks at the watcher this often (where a shut socket does not wake it)
+PIECE_CHARS = 64  # an answer is cut at max_tokens * this many characters (no real token is longer)
+LINGER_S = 0.25  # after the finish reason or [DONE], how long the body's end is waited for (keep-alive)
+ERROR_BODY_S, ERROR_BODY_BYTES = 0.5, 4096  # how long and how much of an error body is read for the log
 FAILURES = ("timeout", "http", "connection", "protocol")
 
 
@@ -51,6 +65,7 @@ class RemoteConfig:
     timeout_ms: float = 5000.0  # the whole request, connect to last token; on it: what came, or fallback
     fallback: str = "none"  # none (answer empty) | local (the model.target engine answers)
     allow_insecure: bool = False  # permit http:// to a host that is not loopback
+    ca_file: str = ""  # a PEM bundle of the CAs that verify the server (a private CA), instead of the system's
     template: str = "auto"  # a family from engine.prompt.TEMPLATES; auto: from the model name
     fim: str = "template"  # template: FIM tokens in the prompt | suffix: the OpenAI `suffix` parameter
     prompt_chars: int = 12000  # prompt budget in characters (no tokenizer client-side)
@@ -95,16 +110,25 @@ def completions_url(url: str, allow_insecure: bool = False) -> str:
     try:
         parsed = httpx.URL(url)
     except Exception as exc:
-        raise ValueError(f"model.remote.url {url!r} is not a URL: {exc}") from None
+        raise ValueError(f"model.remote.url {display_url(url)!r} is not a URL") from None  # exc quotes the URL
     if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"model.remote.url must be http(s)://host[:port][/path], not {url!r}")
+        raise ValueError(f"model.remote.url must be http(s)://host[:port][/path], not {display_url(url)!r}")
     if parsed.scheme == "http" and not is_loopback(parsed.host) and not allow_insecure:
         raise ValueError(f"refusing http:// to {parsed.host}: code and API key would travel unencrypted; "
                          "use https, or set model.remote.allow_insecure = true on a network you trust")
     path = parsed.path.rstrip("/")
+    if path.endswith("/chat/completions"):  # it takes messages, not the FIM prompt sent here
+        raise ValueError(f"model.remote.url {display_url(url)!r} is a chat endpoint; draftline sends completion "
+                         "requests (a prompt, not messages): give the server's base URL (e.g. https://host/v1)")
     if not path.endswith("/completions"):
         path += "/completions" if path.endswith("/v1") else "/v1/completions"
     return str(parsed.copy_with(path=path))
+
+
+def display_url(url: str) -> str:
+    """`url` for logs and status: a user:password@ in it shows as ***@ (the request still sends it). Cut at
+    the last "@" before any query or fragment, as a password may hold an unescaped "@" or "/"."""
+    return re.sub(r"^([a-zA-Z][a-zA-Z0-9+.-]*://)[^?#]*@", r"\1***@", url.strip())
 
 
 def is_loopback(host: str) -> bool:
@@ -144,13 +168,32 @@ class CharTokenizer:
 
 
 class _Pieces:
-    """The streamed text pieces posing as token ids, so _StopRules runs on them unchanged."""
+    """The streamed text pieces posing as token ids, so _StopRules runs on them unchanged.
+
+    The rules decode every prefix of the pieces, one per piece: joined afresh each time, that was
+    quadratic in the pieces (a server ignoring max_tokens ran seconds past the timeout). The text is
+    joined once, as pieces arrive, and a prefix is a slice of it."""
 
     def __init__(self) -> None:
         self.items: list[str] = []
+        self.chars = 0
+        self._ends = [0]  # _ends[n]: where the first n pieces end in the text
+        self._text = ""  # the first _joined pieces, joined
+        self._joined = 0
+
+    def add(self, piece: str) -> None:
+        self.items.append(piece)
+        self.chars += len(piece)
+        self._ends.append(self.chars)
 
     def decode(self, ids: list[int]) -> str:
-        return "".join(self.items[i] for i in ids)
+        n = len(ids)
+        if not n or ids[0] != 0 or ids[-1] != n - 1 or n > len(self.items):  # not a prefix (the rules ask none)
+            return "".join(self.items[i] for i in ids)
+        if n > self._joined:
+            self._text += "".join(self.items[self._joined:])
+            self._joined = len(self.items)
+        return self._text if n == self._joined else self._text[: self._ends[n]]
 
     def ids(self) -> list[int]:
         return list(range(len(self.items)))
@@ -219,10 +262,17 @@ class _Watch:
                     self._shut()
                 return
 
+    def linger(self, seconds: float) -> None:
+        """The request ends within `seconds` at the latest (the answer is complete; the rest is the body's end)."""
+        self.deadline = min(self.deadline, time.monotonic() + seconds)
+
     def _shut(self) -> None:
         if self._sock is not None:
             try:
-                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a recv() blocked in another thread
+                # wakes a recv() blocked in another thread, and on Linux a connect() in progress; the plain
+                # socket's shutdown on a TLS one, as SSLSocket.shutdown drops its SSL object under a
+                # handshake or read running in the engine thread
+                socket.socket.shutdown(self._sock, socket.SHUT_RDWR)
             except OSError:
                 pass
 
@@ -249,7 +299,29 @@ class _WatchedStream(httpcore.NetworkStream):
         self._inner.close()
 
     def start_tls(self, ssl_context, server_hostname: str | None = None, timeout: float | None = None) -> _WatchedStream:
-        return _WatchedStream(self._backend, self._inner.start_tls(ssl_context, server_hostname, timeout))
+        sock = self._inner.get_extra_info("socket")
+        if _SyncStream is None or not isinstance(self._inner, _SyncStream) or isinstance(sock, ssl.SSLSocket):
+            return _WatchedStream(self._backend, self._inner.start_tls(ssl_context, server_hostname, timeout))
+        # httpcore's start_tls handshakes inside wrap_socket, which detaches the plain socket the watcher
+        # holds: its shutdown then failed, and a keystroke could not end a stalled handshake. Wrapped
+        # first and handshaken after, the watcher holds the TLS socket (the same file) while it runs.
+        try:
+            sock.settimeout(timeout)
+            tls = ssl_context.wrap_socket(sock, server_hostname=server_hostname, do_handshake_on_connect=False)
+        except OSError as exc:
+            sock.close()
+            raise httpcore.ConnectError(str(exc)) from exc
+        stream = _WatchedStream(self._backend, _SyncStream(tls))
+        stream._report()
+        try:
+            tls.do_handshake()
+        except socket.timeout as exc:
+            tls.close()
+            raise httpcore.ConnectTimeout(str(exc)) from exc
+        except OSError as exc:  # ssl.SSLError (a certificate not verified) is one
+            tls.close()
+            raise httpcore.ConnectError(str(exc)) from exc
+        return stream
 
     def get_extra_info(self, info: str) -> Any:
         return self._inner.get_extra_info(info)
@@ -269,7 +341,16 @@ class _WatchedBackend(httpcore.NetworkBackend):
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                     socket_options=None) -> _WatchedStream:
-        stream = _WatchedStream(self, self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+        if _SyncStream is None:
+            inner = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        else:
+            try:
+                inner = _SyncStream(_connect(host, port, timeout, local_address, socket_options, self.watch))
+            except socket.timeout as exc:
+                raise httpcore.ConnectTimeout(str(exc)) from exc
+            except OSError as exc:
+                raise httpcore.ConnectError(str(exc)) from exc
+        stream = _WatchedStream(self, inner)
         stream._report()  # before the TLS handshake, which may stall too
         return stream
 
@@ -282,18 +363,66 @@ class _WatchedBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
+def _connect(host: str, port: int, timeout: float | None, local_address: str | None, socket_options,
+             watch: _Watch | None) -> socket.socket:
+    """socket.create_connection as httpcore calls it, but the socket is the watcher's before it connects and
+    connect() does not block: httpcore's blocked in connect() with no socket to shut, so a keystroke, a
+    route's time limit or our deadline could not end a connect to a box that drops SYNs (down, firewalled,
+    its accept queue full): it waited for the whole timeout. (The name lookup still blocks.)"""
+    end = None if timeout is None else time.monotonic() + timeout
+    error: OSError | None = None
+    for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            for option in socket_options or ():
+                sock.setsockopt(*option)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if local_address is not None:
+                sock.bind((local_address, 0))
+            if watch is not None:
+                watch.attach(sock)
+            sock.setblocking(False)
+            err = sock.connect_ex(address)
+            with selectors.DefaultSelector() as selector:
+                selector.register(sock, selectors.EVENT_WRITE)
+                while err in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK, errno.EINTR):
+                    if watch is not None and watch.fired:
+                        raise OSError(errno.ECANCELED, f"connect ended: {watch.fired}")
+                    left = CONNECT_POLL_S if end is None else min(CONNECT_POLL_S, end - time.monotonic())
+                    if left <= 0:
+                        raise socket.timeout("timed out")
+                    if selector.select(left):  # connected, or failed: SO_ERROR says which
+                        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                raise OSError(err, os.strerror(err))
+            sock.setblocking(True)
+            return sock
+        except OSError as exc:
+            sock.close()
+            if isinstance(exc, socket.timeout) or (watch is not None and watch.fired):
+                raise
+            error = exc  # the next address, as create_connection does
+    raise error if error is not None else OSError(f"no address for {host}")
+
+
 class RemoteEngine:
     """Completes on a remote OpenAI-compatible server; one caller thread at a time (the engine thread)."""
 
     def __init__(self, cfg: RemoteConfig, fallback: LocalEngine | None = None, environ: Mapping[str, str] | None = None):
         self.cfg = cfg
         self.endpoint = completions_url(cfg.url, cfg.allow_insecure)
+        self.shown_url = display_url(self.endpoint)  # what logs and status show: no password
         environ = os.environ if environ is None else environ
         headers = {"Accept": "text/event-stream"}
         if cfg.api_key_env:
-            key = environ.get(cfg.api_key_env, "")
+            # a key file's line end ("\r\n") or a pasted space is not part of the key; sent with it, httpx
+            # refused the header with a message quoting it, which went to the log and the status
+            key = environ.get(cfg.api_key_env, "").strip()
             if not key:
                 raise ValueError(f"model.remote.api_key_env names {cfg.api_key_env}, which is not set in the environment")
+            if not all(" " <= c <= "~" for c in key):  # the key itself is never quoted
+                raise ValueError(f"model.remote.api_key_env: the value of {cfg.api_key_env} holds a character an HTTP "
+                                 "header cannot carry (a control character or non-ASCII); check the variable")
             headers["Authorization"] = f"Bearer {key}"
         if cfg.fallback == "local" and fallback is None:
             raise ValueError("model.remote.fallback = \"local\" needs a local engine")
@@ -302,8 +431,8 @@ class RemoteEngine:
         self.template = replace(family, order="none") if cfg.fim == "suffix" else family
         self.prompts = PromptBuilder(self.template, CharTokenizer(), PromptBudget(total=cfg.prompt_chars))
         # trust_env=False: no proxy variables (loopback must stay loopback) and no credentials from ~/.netrc
-        transport = httpx.HTTPTransport(trust_env=False, limits=httpx.Limits(max_keepalive_connections=4,
-                                                                             keepalive_expiry=60.0))
+        transport = httpx.HTTPTransport(verify=_verify(cfg), trust_env=False,
+                                        limits=httpx.Limits(max_keepalive_connections=4, keepalive_expiry=60.0))
         self._backend = _WatchedBackend()
         pool = getattr(transport, "_pool", None)  # httpx has no parameter for httpcore's backend
         if pool is not None and hasattr(pool, "_network_backend"):
@@ -316,6 +445,7 @@ class RemoteEngine:
         self._paused_until = 0.0
         self.last_prompt = ""
         self._pieces = _Pieces()  # the current (or last) stream's pieces
+        self._chat_warned = False
 
     # -- the seam ----------------------------------------------------------------------------------
     def complete(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult:
@@ -334,10 +464,12 @@ class RemoteEngine:
             return self._fall_back(request, cancel)
         if result.cancelled:
             self.stats.cancelled += 1
+            if not result.stats.target_forwards:  # cancelled before any text: no sign the server is well (typing
+                return result  # against a box that never answers, a reset here kept it from ever being paused)
         else:
             self.stats.answered += 1
         if self.stats.consecutive_failures:
-            log.info("remote %s answers again after %d failure(s)", self.endpoint, self.stats.consecutive_failures)
+            log.info("remote %s answers again after %d failure(s)", self.shown_url, self.stats.consecutive_failures)
         self.stats.state, self.stats.consecutive_failures = "ok", 0
         return result
 
@@ -348,7 +480,7 @@ class RemoteEngine:
 
     def status(self) -> dict[str, Any]:
         s = self.stats
-        return {"backend": "remote", "url": self.endpoint, "model": self.cfg.model, "state": s.state,
+        return {"backend": "remote", "url": self.shown_url, "model": self.cfg.model, "state": s.state,
                 "fallback": self.cfg.fallback, "requests": s.requests, "answered": s.answered,
                 "cancelled": s.cancelled, "fallbacks": s.fallbacks, "failures": dict(s.failures),
                 "consecutive_failures": s.consecutive_failures, "last_error": s.last_error}
@@ -398,36 +530,65 @@ class RemoteEngine:
                            request.limits.min_indent, closer_words=request.limits.closer_words,
                            lead_indent=request.limits.lead_indent)
         reason, done = "", False
+        # a server that ignores max_tokens (or sends megabytes in one piece) is cut here: each piece holds
+        # a token or more, and no token is longer than PIECE_CHARS
+        max_pieces = max(request.limits.max_tokens, 1)
+        max_chars = max_pieces * PIECE_CHARS
         watch = self._backend.watch = _Watch(cancel, time.monotonic() + self.cfg.timeout_ms / 1e3)
         try:
             with self.client.stream("POST", self.endpoint, json=body) as response:
                 watch.attach(response.extensions["network_stream"].get_extra_info("socket"))  # the same one, normally
-                _check_status(response)
+                _check_status(response, watch)
                 for kind, value in _events(response):
                     if kind == "usage":
-                        stats.prompt_tokens = int(value.get("prompt_tokens") or 0)
-                        stats.generated_tokens = int(value.get("completion_tokens") or 0)
-                        details = value.get("prompt_tokens_details") or {}
-                        stats.reused_tokens = int(details.get("cached_tokens") or 0)
+                        stats.prompt_tokens = _count(value.get("prompt_tokens"))
+                        stats.generated_tokens = _count(value.get("completion_tokens"))
+                        details = value.get("prompt_tokens_details")
+                        stats.reused_tokens = _count(details.get("cached_tokens")) if isinstance(details, dict) else 0
                         continue
-                    if kind == "finish":  # the answer is complete (usage and [DONE] may follow)
-                        reason, done = {"length": "max_tokens", "stop": "eos"}.get(value, value or "eos"), True
-                        continue
-                    if kind == "done":
+                    if kind in ("finish", "done"):  # the answer is complete (usage and [DONE] may follow)
+                        if kind == "finish":
+                            reason = {"length": "max_tokens", "stop": "eos"}.get(value, value or "eos")
                         reason, done = reason or "eos", True
+                        # the rest is read for the connection's sake (a body left unread closes it), but not
+                        # waited for long: a server or proxy that keeps the body open held a complete answer
+                        # until the timeout
+                        watch.linger(LINGER_S)
                         continue
+                    if kind == "chat":
+                        if not self._chat_warned:
+                            self._chat_warned = True
+                            log.warning("remote %s answers in the chat format (choices[].delta.content), not as a "
+                                        "completions server; its text is used, but draftline's FIM prompt is written "
+                                        "for /v1/completions (check model.remote.url)", self.shown_url)
+                        continue
+                    if len(pieces.items) >= max_pieces:
+                        reason = "max_tokens"  # more pieces than tokens asked for
+                        break
                     if not pieces.items:
                         stats.prefill_s = time.perf_counter() - started  # time to the first token
-                    pieces.items.append(value)
+                    pieces.add(value[: max_chars - pieces.chars])
                     if cancel.is_set():
                         reason = "cancelled"
                         break
                     if stop := rules(pieces.ids()):
                         reason = stop  # leaving the block closes the stream: the server stops
                         break
+                    if pieces.chars >= max_chars:
+                        reason = "max_tokens"
+                        break
+                    if not done and time.monotonic() >= watch.deadline:
+                        # pieces already buffered are read without blocking: the watcher's shut socket does
+                        # not end this loop, and the rules' time ran past the timeout
+                        reason = "time"
+                        break
                 else:
                     if not reason:  # neither [DONE] nor a finish reason: the stream was cut short
                         raise RemoteFailure("protocol", f"the stream ended early ({len(pieces.items)} piece(s), no [DONE])")
+        except RemoteFailure:
+            if not done:
+                raise
+            # the answer was complete: an odd event after it (or an error event) does not take it back
         except (httpx.HTTPError, OSError) as exc:
             if done:
                 pass  # the answer was complete; only the connection's end went wrong
@@ -437,6 +598,10 @@ class RemoteEngine:
                 if not pieces.items:
                     raise RemoteFailure("timeout", f"no answer within {self.cfg.timeout_ms:.0f} ms") from None
                 reason = "time"  # what arrived in time is kept (the local engine's time budget does the same)
+            elif isinstance(exc, httpx.LocalProtocolError):
+                # h11's message quotes the header it refused, which may be the Authorization header
+                raise RemoteFailure("connection", f"{type(exc).__name__} (a request header could not be sent; "
+                                    "its text is not logged)") from None
             elif not pieces.items or not isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
                 raise RemoteFailure("connection", f"{type(exc).__name__}: {exc}") from None
             else:
@@ -465,7 +630,7 @@ class RemoteEngine:
             then += f"; {s.consecutive_failures} failures in a row, not asking it again for {self.cfg.pause_s:g} s"
         else:
             s.state = "failing"
-        log.warning("remote %s: %s (%s)", self.endpoint, s.last_error, then)
+        log.warning("remote %s: %s (%s)", self.shown_url, s.last_error, then)
 
     def _fall_back(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult:
         if self.fallback is None:
@@ -474,24 +639,44 @@ class RemoteEngine:
         return self.fallback.complete(request, cancel)
 
 
-def _check_status(response: httpx.Response) -> None:
+def _check_status(response: httpx.Response, watch: _Watch) -> None:
     if response.status_code == 200:
         return
+    # the head of the body, read briefly: a proxy's HTML page may be megabytes, and a body that never
+    # comes held the request for the whole timeout; its excerpt goes on one log line
+    watch.linger(ERROR_BODY_S)
+    head = b""
     try:
-        detail = response.read()[:300].decode("utf-8", "replace").strip()
+        for data in response.iter_bytes():
+            head += data
+            if len(head) >= ERROR_BODY_BYTES:
+                break
     except httpx.HTTPError:
-        detail = ""
+        pass
+    detail = " ".join(head[:ERROR_BODY_BYTES].decode("utf-8", "replace").split())[:300]
     raise RemoteFailure("http", f"HTTP {response.status_code} {response.reason_phrase}" + (f": {detail}" if detail else ""))
 
 
+def _count(value: Any) -> int:
+    """A usage count as a server wrote it: 0 for anything but a whole number ("n/a", null, a list)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return 0
+    try:
+        return max(int(value), 0)
+    except (ValueError, OverflowError):
+        return 0
+
+
 def _events(response: httpx.Response):
-    """("text", piece) | ("finish", reason) | ("usage", dict) | ("done", None) from an SSE stream (or a
-    plain JSON answer)."""
+    """("text", piece) | ("finish", reason) | ("usage", dict) | ("done", None) | ("chat", None) (the next
+    text came in the chat shape) from an SSE stream (or a plain JSON answer)."""
     if response.headers.get("content-type", "").startswith("application/json"):  # a server that does not stream
-        yield from _choice_events(_parse(response.read().decode("utf-8", "replace")))
+        yield from _choice_events(_parse(response.read().decode("utf-8-sig", "replace")))  # -sig: a BOM goes
         yield "done", None
         return
-    for line in response.iter_lines():
+    for n, line in enumerate(response.iter_lines()):
+        if n == 0:
+            line = line.removeprefix("\ufeff")  # a byte order mark before the first field (SSE skips one)
         if not line.startswith("data:"):
             continue  # blank separators, comments (":"), event/id/retry fields: nothing for us
         data = line[5:].strip()
@@ -508,7 +693,7 @@ def _parse(data: str) -> dict:
         raise RemoteFailure("protocol", f"not JSON in the stream: {data[:80]!r}") from None
     if not isinstance(event, dict):
         raise RemoteFailure("protocol", f"unexpected event {data[:80]!r}")
-    if "error" in event:
+    if event.get("error"):  # "error": null on every event is a server's empty field, not an error
         error = event["error"]
         message = error.get("message", error) if isinstance(error, dict) else error
         raise RemoteFailure("http", f"the server reported: {str(message)[:200]}")
@@ -517,17 +702,36 @@ def _parse(data: str) -> dict:
 
 def _choice_events(event: dict):
     choices = event.get("choices")
+    if choices is None and isinstance(event.get("usage"), dict):
+        choices = []  # the final usage event without choices, or with choices null (TGI, llama.cpp forks)
     if not isinstance(choices, list):
         raise RemoteFailure("protocol", f"an event without choices: {json.dumps(event)[:80]}")
     for choice in choices[:1]:
-        if not isinstance(choice, dict) or not isinstance(choice.get("text", ""), str):
+        if not isinstance(choice, dict):
             raise RemoteFailure("protocol", f"a choice without text: {json.dumps(choice)[:80]}")
-        if choice.get("text"):
-            yield "text", choice["text"]
+        text = choice.get("text")
+        if text is None and isinstance(choice.get("delta"), dict):  # the chat shape: read, and warned of once
+            yield "chat", None
+            text = choice["delta"].get("content")
+        if text is not None and not isinstance(text, str):  # "text": null (with a finish reason) is no text
+            raise RemoteFailure("protocol", f"a choice without text: {json.dumps(choice)[:80]}")
+        if text:
+            yield "text", text
         if choice.get("finish_reason"):
             yield "finish", str(choice["finish_reason"])
     if isinstance(event.get("usage"), dict):
         yield "usage", event["usage"]
+
+
+def _verify(cfg: RemoteConfig) -> ssl.SSLContext | bool:
+    """What verifies the server's certificate: the system's CAs, or ``ca_file``'s (a ValueError if it cannot be read)."""
+    if not cfg.ca_file:
+        return True
+    try:
+        return ssl.create_default_context(cafile=os.path.expanduser(cfg.ca_file))
+    except (OSError, ssl.SSLError) as exc:
+        raise ValueError(f"model.remote.ca_file {cfg.ca_file!r} cannot be used (a PEM file of CA certificates): "
+                         f"{exc.strerror or exc}") from None
 
 
 def load_remote(table: Mapping[str, Any], fallback: LocalEngine | None = None) -> RemoteEngine:

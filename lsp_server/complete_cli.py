@@ -6,6 +6,7 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -76,7 +77,10 @@ def run_complete(args: Any) -> int:
         cli["completion"] = {"mode": args.mode}
     roots = [workspace] if workspace is not None else []
     config = resolve_config(user_file=args.config, workspace_roots=roots, client_settings=cli)
-    if not config.model.target and (missing := _default_missing()):
+    remote = config.model.remote if isinstance(config.model.remote, Mapping) else {}
+    # a remote server answers without the default local model, unless it falls back to that model
+    local_needed = not remote.get("url") or remote.get("fallback") == "local"
+    if not config.model.target and local_needed and (missing := _default_missing()):
         print(f"draftline complete: {missing}", file=sys.stderr)
         return 2
     index = open_index([workspace.resolve()], config.index) if workspace is not None else None
