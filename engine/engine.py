@@ -103,6 +103,7 @@ class Engine:
         self._token_texts: list[str] | None = self._vocab_texts() if self.template.order == "none" else None
         self._healing: dict[str, torch.Tensor] = {}
         self._boundaries: dict[int, bool] = {}  # token -> does the tokenizer split after it before a word
+        self.line_start_probes = LINE_START_PROBES  # () heals a line break as before (bench model --unhealed-line-start)
         self.last_prompt: list[int] = []  # the tokens of the last request's prompt, as the model got them
         slots = config.prompt_slots if config.prompt_slots is not None else 3 if target.device.type == "cpu" else 0
         self.slots = PromptSlots(slots, self.prompts.budget.total + 64)
@@ -273,7 +274,7 @@ class Engine:
         known = self._boundaries.get(token)
         if known is None:
             encode = self.target.tokenizer.encode
-            words = BOUNDARY_PROBES + (LINE_START_PROBES if text.endswith(("\n", "\r")) else ())
+            words = BOUNDARY_PROBES + (self.line_start_probes if text.endswith(("\n", "\r")) else ())
             known = all(encode(text + word, add_special_tokens=False)[:1] == [token] for word in words)
             self._boundaries[token] = known
         return known

@@ -37,6 +37,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--line-start", action="store_true", help="infills with the cursor at column 0 of the emptied "
                    "line (an empty line inside a body): the answer brings the indentation, and exact match counts it")
+    p.add_argument("--unhealed-line-start", action="store_true", help="the baseline of --line-start: a prompt "
+                   "ending in a line break is healed as before 2026-12-07 (only where a word would merge with it)")
     p.add_argument("--json", action="store_true")
 
 
@@ -84,6 +86,8 @@ def run_bench_model(args: argparse.Namespace) -> int:
     engine = load_engine(target_dir, draft_dir, dtype=args.dtype, quant=args.quant, prompt_tokens=args.prompt_tokens,
                          suffix_share=args.suffix_share, **options)
     target, draft = engine.target, engine.draft
+    if args.unhealed_line_start:
+        engine.line_start_probes = ()
     context = min(int(getattr(target.model.config, "max_position_embeddings", 1024)), 2048)
     held = held_out_files()
     stream = target.tokenizer.encode("".join(repo_samples(held, 99)), add_special_tokens=False)
@@ -103,6 +107,7 @@ def run_bench_model(args: argparse.Namespace) -> int:
     report["suffix_share"] = engine.prompts.budget.suffix_share
     done = _samples(engine, held, rng, args.tasks, bare=not args.no_bare, line_start=args.line_start)
     report["infill_cursor"] = "column 0" if args.line_start else "after the indentation"
+    report["line_start_healing"] = not args.unhealed_line_start
     # parses: a non-empty suggestion that leaves the file valid Python (every held-out file is)
     for arm in ("", "bare_") if not args.no_bare else ("",):
         for metric in ("exact", "first_word", "edit_similarity", "parses", "empty"):

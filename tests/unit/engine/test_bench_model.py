@@ -46,3 +46,24 @@ def test_parses_tells_valid_python_from_a_broken_line():
     assert _parses("def f(x):\n    return x + 1\n")
     assert not _parses("def f(x):\n    return (x + \n")
     assert not _parses("x = '\0'\x00")  # a null byte is a ValueError in ast.parse, not a crash
+
+
+def test_line_start_infills_put_the_cursor_at_column_0_and_count_the_indentation(model_dirs, capsys):
+    rc = main(["bench", "model", "--target", str(model_dirs["target"]), "--windows", "1", "--tasks", "6",
+               "--samples", "3", "--no-bare", "--line-start", "--unhealed-line-start", "--json"])
+    assert rc == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["infill_cursor"] == "column 0" and report["line_start_healing"] is False
+    infills = [s for s in report["samples"] if s["kind"] == "infill"]
+    # the whole line is the answer: nothing of it before the cursor (the context shown is the cursor's line)
+    assert infills and all(s["context"] == "" for s in infills)
+
+
+def test_exact_match_counts_the_indentation_only_where_the_answer_brings_it():
+    from engine.bench.model import _score
+    from engine.types import CompletionRequest
+
+    req = CompletionRequest(prefix="def f():\n", suffix="\n")
+    assert _score("", "return 1", "    return 1", req)["exact"]
+    assert not _score("", "return 1", "    return 1", req, indent_counts=True)["exact"]
+    assert _score("", "    return 1", "    return 1", req, indent_counts=True)["exact"]
