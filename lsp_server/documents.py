@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -17,6 +18,8 @@ from lsprotocol.types import Position
 from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument, Workspace
 from pygls.workspace.position_codec import PositionCodec, ServerTextPosition
+
+log = logging.getLogger(__name__)
 
 
 ACCEPT_COMMAND = "draftline.didAcceptCompletionItem"  # run by the client after an accept
@@ -75,6 +78,17 @@ class LspTextDocument(TextDocument):
         self.serial = next(_SERIALS)
 
     _lines: tuple[str, tuple[str, ...]] | None = None  # (the source they were split from, the lines)
+
+    def apply_change(self, change: t.TextDocumentContentChangeEvent) -> None:
+        # a range whose start is after its end (a client's bug) made pygls keep the text between them
+        # twice, silently: it is read the other way round, with a log line
+        rng = getattr(change, "range", None)
+        if rng is not None and (rng.start.line, rng.start.character) > (rng.end.line, rng.end.character):
+            log.warning("%s: an edit's range ends before it starts (%s); applied as %s-%s", self.uri, rng,
+                        rng.end, rng.start)
+            change = t.TextDocumentContentChangePartial(range=t.Range(start=rng.end, end=rng.start), text=change.text,
+                                                       range_length=getattr(change, "range_length", None))
+        super().apply_change(change)
 
     @property
     def lines(self) -> Sequence[str]:

@@ -250,6 +250,8 @@ def test_the_fast_codec_converts_positions_as_pygls_does():
     ("abc\r\nxyz\r\n", (0, 3), (0, 4), "", "abc\r\nxyz\r\n"),
     ("é😀\nx\n", (0, 4), (0, 4), "Q", "é😀Q\nx\n"),
     ("abc\rxyz", (0, 9), (0, 9), "Q", "abcQ\rxyz"),  # a bare \r ends a line too
+    ("abcdef\n", (0, 4), (0, 1), "Z", "aZef\n"),  # a range ending before it starts (pygls kept "bcd" twice)
+    ("abc\nxyz\n", (1, 1), (0, 2), "", "abyz\n"),
 ])
 def test_an_edit_past_a_line_end_applies_at_the_line_end(text, start, end, new, expected):
     """LSP: a character past the line's length means its length. Found by a raw JSON-RPC probe: the
