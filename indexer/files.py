@@ -295,7 +295,19 @@ class FileFilter:
         """Does a resolved path lie outside every (resolved) root, where a link may not lead?"""
         if self.config.symlinks_outside_roots:
             return False
-        return not any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self._real_roots)
+        return not self._inside_roots(real)
+
+    def _inside_roots(self, real: str) -> bool:
+        return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in self._real_roots)
+
+    def _link_reason(self, real: str) -> str | None:
+        """Why a link to ``real`` is not followed (links are, in general). One into the workspace: what it
+        leads to is indexed under its own path, which is the path the watcher reports changes of (a
+        linked copy went stale on the next edit of its target and stayed after its deletion, and
+        retrieval showed the file twice). One out of it: see link_reason."""
+        if self._inside_roots(real):
+            return "symlink_inside"
+        return "symlink_outside" if self._outside_roots(real) else None
 
     def link_reason(self, root: Path, path: Path) -> str | None:
         """Why a path reached through a symlink (itself, or a directory between its root and it) is
@@ -306,7 +318,7 @@ class FileFilter:
             return None  # no link on the way
         if not self.config.follow_symlinks:
             return "symlink"
-        return "symlink_outside" if self._outside_roots(real) else None
+        return self._link_reason(real)
 
     def content_is_secret(self, text: str) -> bool:
         return bool(self.config.exclude_secrets and any(p.search(text) for p in self._secret_content))
@@ -356,8 +368,8 @@ class FileFilter:
                     self._skip(result, path, "symlink")
                     continue
                 st = os.stat(path)  # follows symlinks
-                if is_link and self._outside_roots(os.path.realpath(path)):
-                    self._skip(result, path, "symlink_outside")
+                if is_link and (reason := self._link_reason(os.path.realpath(path))):
+                    self._skip(result, path, reason)
                     continue
             except FileNotFoundError:
                 self._skip(result, path, "broken_symlink" if os.path.islink(path) else "vanished")

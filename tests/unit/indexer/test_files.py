@@ -169,21 +169,26 @@ def test_cache_dir_inside_workspace_is_never_walked(workspace):
 
 def test_links_out_of_the_workspace_are_not_followed_unless_asked(workspace, tmp_path):
     """A cloned repository's link to one of the user's files (or directories) must not bring it into the
-    index, by the walk or by a later change event; links within the workspace still work."""
+    index, by the walk or by a later change event. One within the workspace leads to a file indexed under
+    its own path (the one the watcher reports), so the link is not followed either (a probe: the linked
+    copy kept its old text after an edit of the target, and stayed after the target's deletion)."""
     outside = tmp_path / "home"
     write(outside, "credentials.py", "token = 'x'\n")
     write(outside, "lib/util.py", "def u():\n    pass\n")
     write(workspace, "pkg/mod.py", "def f():\n    pass\n")
     os.symlink(outside / "credentials.py", workspace / "creds.py")
     os.symlink(outside / "lib", workspace / "lib")
-    os.symlink(workspace / "pkg" / "mod.py", workspace / "alias.py")  # inside: followed
+    os.symlink(workspace / "pkg" / "mod.py", workspace / "alias.py")  # inside: its target is indexed
+    os.symlink(workspace / "pkg", workspace / "a_pkg")  # walked before pkg: the copy the walk kept
     files, skipped = walk(workspace)
-    assert files == ["alias.py", "pkg/mod.py"]
-    assert skipped["symlink_outside"] == 2
+    assert files == ["pkg/mod.py"]
+    assert skipped["symlink_outside"] == 2 and skipped["symlink_inside"] == 2
     ff = FileFilter([workspace], IndexConfig())
     assert ff.path_reason(workspace / "creds.py") == "symlink_outside"
     assert ff.path_reason(workspace / "lib" / "util.py") == "symlink_outside"  # through a linked directory
-    assert ff.path_reason(workspace / "alias.py") is None and ff.path_reason(workspace / "pkg" / "mod.py") is None
+    assert ff.path_reason(workspace / "alias.py") == "symlink_inside"
+    assert ff.path_reason(workspace / "a_pkg" / "mod.py") == "symlink_inside"
+    assert ff.path_reason(workspace / "pkg" / "mod.py") is None
     assert FileFilter([workspace], IndexConfig(follow_symlinks=False)).path_reason(workspace / "alias.py") == "symlink"
     files, _ = walk(workspace, symlinks_outside_roots=True)
     assert {"creds.py", "lib/util.py"} <= set(files)
