@@ -232,9 +232,40 @@ def _out_of_range(cls: type, key: str, value: Any) -> str | None:
 
 def _merge(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] = {}
+    final = _final_targets(layers)
     for layer in layers:
-        _deep_merge(merged, layer)
+        _deep_merge(merged, _for_targets(layer, final))
     return merged
+
+
+# what a model table sets for its target alone (options: a template, a FIM format, a GGUF's quant)
+_TARGET_BOUND = ("options", "draft")
+
+
+def _final_targets(layers: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The target each model table ends with, by table (the last layer naming one wins)."""
+    final: dict[str, Any] = {}
+    for layer in layers:
+        for where, table in _model_tables(layer).items():
+            if "target" in table:
+                final[where] = table["target"]
+    return final
+
+
+def _for_targets(layer: Mapping[str, Any], final: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``layer`` without the options and draft it names for a target that is not the one in force: those
+    belong to its target. The user file's `options` for its GGUF went with the model the editor picked
+    (which failed to load with them, or ran with the other's template), and no setting could take them
+    back. A layer naming no target gives options for any model; one naming the final target, its own."""
+    stale = {where for where, table in _model_tables(layer).items()
+             if "target" in table and table["target"] != final.get(where) and any(k in table for k in _TARGET_BOUND)}
+    if not stale:
+        return layer
+    model = {k: v for k, v in layer["model"].items() if "model" not in stale or k not in _TARGET_BOUND}
+    if isinstance(model.get("routes"), dict):
+        model["routes"] = {name: {k: v for k, v in table.items() if k not in _TARGET_BOUND}
+                           if f"model.routes.{name}" in stale else table for name, table in model["routes"].items()}
+    return {**layer, "model": model}
 
 
 # What a workspace file may not set: a cloned repository is not the user. Each key maps to the one value

@@ -23,7 +23,8 @@ def test_precedence_of_every_layer(tmp_path: Path):
     assert config.completion.debounce_ms == 3.0  # initializationOptions
     assert config.completion.snippets == 2  # workspace TOML
     assert config.completion.prefix_chars == 100  # user TOML
-    assert config.model.target == "fake" and config.model.draft == "user-draft"
+    # the user's draft went with the user's target (test_options_and_draft_belong_to_the_target_named_with_them)
+    assert config.model.target == "fake" and config.model.draft is None
     assert config.completion.suffix_chars == CompletionConfig().suffix_chars  # ill-typed: default kept
     assert config.completion.window_quantum == CompletionConfig().window_quantum  # nobody set it: default
     assert resolve_config(user_file=tmp_path / "absent.toml") == Config()  # no layers: all defaults
@@ -35,6 +36,29 @@ def test_model_options_merge_key_by_key_across_layers(tmp_path: Path):
     settings = {"draftline": {"model": {"options": {"text": "second"}}}}
     config = resolve_config(user_file=tmp_path / "absent.toml", init_options=init, client_settings=settings)
     assert config.model.options == {"text": "second", "step_s": 0.2}
+
+
+def test_options_and_draft_belong_to_the_target_named_with_them(tmp_path: Path):
+    """A probe: the user file's `options` for its target went with the target the editor picked (it failed
+    to load with `unknown engine option(s) step_s, text`, and no setting could remove them)."""
+    user = tmp_path / "user.toml"
+    user.write_text('[model]\ntarget = "fake"\ndraft = "d"\noptions = { text = "x", step_s = 0.1 }\n')
+    other = resolve_config(user_file=user, client_settings={"model": {"target": "tiny"}})
+    assert (other.model.target, other.model.options, other.model.draft) == ("tiny", {}, None)
+    # its own options and draft, when the layer names them
+    own = resolve_config(user_file=user, client_settings={"model": {"target": "tiny", "options": {"gamma": 3},
+                                                                     "draft": "tiny"}})
+    assert (own.model.options, own.model.draft) == ({"gamma": 3}, "tiny")
+    # the same target named again, or none: the options stay
+    same = resolve_config(user_file=user, client_settings={"model": {"target": "fake", "options": {"text": "y"}}})
+    assert same.model.options == {"text": "y", "step_s": 0.1} and same.model.draft == "d"
+    # options set without a target (a device, say) are anyone's
+    user.write_text('[model]\noptions = { device = "cpu" }\n')
+    assert resolve_config(user_file=user, client_settings={"model": {"target": "tiny"}}).model.options == {"device": "cpu"}
+    # a route's table alike
+    user.write_text('[model.routes.line]\ntarget = "a.gguf"\noptions = { template = "qwen2.5-coder" }\n')
+    routes = resolve_config(user_file=user, client_settings={"model": {"routes": {"line": {"target": "b.gguf"}}}}).model.routes
+    assert routes["line"] == {"target": "b.gguf"}
 
 
 def test_a_null_or_ill_typed_value_leaves_the_layer_below_in_force(tmp_path, caplog):

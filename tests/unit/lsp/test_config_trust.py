@@ -86,10 +86,16 @@ def test_the_users_trust_does_not_extend_to_a_model_the_workspace_chose(tmp_path
     user = tmp_path / "user.toml"
     user.write_text('[model]\ntarget = "me/custom-arch"\noptions = { trust_remote_code = true, dtype = "float32" }\n')
     ws = workspace(tmp_path, '[model]\ntarget = "someone/repo"\n')
+    cfg = resolve_config(user_file=user, workspace_roots=[ws])
+    # the options named with the user's target stay with it (test_config's options-belong-to-the-target)
+    assert cfg.model.target == "someone/repo" and cfg.model.options == {}
+    # options the user set for any model: all but the trust
+    user.write_text('[model]\noptions = { trust_remote_code = true, dtype = "float32" }\n')
     with caplog.at_level(logging.WARNING, logger="lsp_server.config"):
         cfg = resolve_config(user_file=user, workspace_roots=[ws])
     assert cfg.model.target == "someone/repo" and cfg.model.options == {"dtype": "float32"}
     assert any("model.options.trust_remote_code" in r.getMessage() for r in caplog.records)
+    user.write_text('[model]\ntarget = "me/custom-arch"\noptions = { trust_remote_code = true, dtype = "float32" }\n')
     # the editor naming the model again makes it the user's choice: the trust holds
     cfg = resolve_config(user_file=user, workspace_roots=[ws], client_settings={"model": {"target": "me/custom-arch"}})
     assert cfg.model.options == {"trust_remote_code": True, "dtype": "float32"}
