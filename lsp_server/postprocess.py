@@ -141,6 +141,8 @@ def line_ending(before: str, after: str = "") -> str:
     if not ends:
         return ""
     at = min(ends)
+    if at == len(after) - 1 and after[at] == "\r":
+        return ""  # a window cut between a "\r" and what follows it: a bare one, or half of "\r\n"
     return "\n" if after[at] == "\n" else "\r\n" if after.startswith("\n", at + 1) else "\r"
 
 
@@ -153,29 +155,34 @@ def scope_min_indent(prefix: str, language: str = "", suffix: str = "") -> int:
 
     The cursor line's indentation (typed whitespace included: the user's choice), one more after a
     block opener (``language``'s keywords included). An empty cursor line (an empty line inside a
-    function body, the cursor at column 0) is in the block the code around it is in: one deeper than
-    a block opener above it, else no shallower than both the code above and the code below (one
-    deeper than a closer below, which ends that block). Code at the start of a line there would
-    break the block (Python's `return` after a module-level line is an error). The engine stops on
-    the same rule (``Limits.min_indent``).
+    function body, the cursor at column 0) is inside the code around it: no shallower than both the
+    code line above and the one below (one deeper than an `else`/`except` below, whose block it is
+    in). Code left of both would break the block (Python's `return` after a module-level line is an
+    error). Neither neighbour's being a block opener or closer counts: a continued statement's opener
+    line is deeper than its body (a hanging signature), a comment or a YAML key may end with ":",
+    and Go's and C's `case` lines sit at their switch's depth, left of the bodies between them. The
+    engine stops on the same rule (``Limits.min_indent``).
     """
     cursor_line = prefix.rsplit("\n", 1)[-1]
     base = indent_of(cursor_line)
     if cursor_line:
         return base + 1 if opens_block(cursor_line, language) else base
-    before = _last_code_line(prefix[: len(prefix) - len(cursor_line)])
-    if "\n" in suffix and suffix.split("\n", 1)[0].strip() == "":
-        after = _first_code_line(suffix.split("\n", 1)[1])
-    else:
-        after = ""  # code after the cursor on its line, or the end of the file
-    if not before:
-        return 0
-    if opens_block(before, language):
-        return indent_of(before) + 1
-    if not after:
-        return 0  # the end of the file: a new top-level definition is fine
-    floor = indent_of(after) + (after.lstrip()[:1] in CLOSERS or closes_block(after, closer_words(language)))
-    return min(indent_of(before), floor)
+    if language.lower() in PROSE_LANGUAGES or language.lower() in _DIRECTIVE_LANGUAGES:
+        return 0  # no blocks, or code at column 0 inside them (C's `#ifdef` and `#endif`)
+    before = _last_code_line(prefix)
+    lines = suffix.split("\n", 1)
+    after = _first_code_line(lines[1]) if len(lines) == 2 and not lines[0].strip() else ""
+    if not before or not after:
+        return 0  # the start or end of the file (a new top-level definition is fine there)
+    word = _FIRST_WORD.match(after.lstrip())
+    return min(indent_of(before), indent_of(after) + bool(word and word.group() in CONTINUING_WORDS))
+
+
+# a line starting with one of these goes on with the statement above it, whose block ends before it
+CONTINUING_WORDS = frozenset({"else", "elif", "elsif", "except", "finally", "rescue", "ensure"})
+_FIRST_WORD = re.compile(r"\w+")
+# column 0 inside a body is code in these (a C preprocessor line)
+_DIRECTIVE_LANGUAGES = frozenset({"c", "cpp", "cuda-cpp", "objective-c", "objective-cpp", "csharp"})
 
 
 def _last_code_line(text: str) -> str:

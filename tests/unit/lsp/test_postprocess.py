@@ -65,6 +65,8 @@ def test_there_are_golden_cases():
         # bare CR line ends (LSP allows them) get bare CRs, and the rules see lines
         ("a = 1\n    b = 2\nc = 3", "def f():\r    ", "\r", "multi-line", "a = 1\r    b = 2"),
         ("import os", "def f():\r    ", "import json\r", "single-line", "import os"),
+        # the first line, its suffix window cut after a "\r": the model's own line end decides
+        ("x = 1\r\ny = 2", "a = ", "b" * 20 + "\r", "multi-line", "x = 1\r\ny = 2"),
     ],
 )
 def test_crlf_documents(text, prefix, suffix, mode, expected):
@@ -480,14 +482,21 @@ BODY = "import json\n\n\ndef load(path):\n    with open(path) as f:\n        dat
     (BODY, "\n    return data\n", "python", 4),  # between a deeper line and the block's last line
     (BODY, "\n\n\ndef save(path):\n", "python", 0),  # after the function: a new definition may follow
     (BODY, "", "python", 0),  # the end of the file
-    ("def save(path, data):\n    with open(path) as f:\n", "", "python", 5),  # after a block opener
+    ("def save(path, data):\n    with open(path) as f:\n", "", "python", 0),  # the end of the file too
     ("class A:\n    def f(self):\n        return 1\n", "\n    def g(self):\n", "python", 4),  # between methods
-    ("  for (const v of values) {\n", "\n  }\n", "javascript", 3),  # an opener above, its closer below
-    ("  let total = 0;\n", "\n}\n", "javascript", 1),  # the closer ends the block the line is in
-    ("if [ -n x ]; then\n  echo a\n", "\nfi\n", "shellscript", 1),  # a closer word alike
+    ("  for (const v of values) {\n", "\n  }\n", "javascript", 2),
     ("def f():\n        x = (1 +\n            2)\n", "\n        return x\n", "python", 8),
+    ("def f(x):\n    if x:\n        a = 1\n", "\n    else:\n        a = 2\n", "python", 5),  # else's block ends
     (BODY + "    ", "\n    return data\n", "python", 4),  # the typed indentation: as before
     (BODY + "        ", "\n    return data\n", "python", 8),
+    # what a block opener or closer beside the line does not say (a review of the first version of this rule)
+    ("def long_function_name(var_one, var_two,\n                       var_three, var_four):\n",
+     "\n    return 0\n", "python", 4),  # a hanging signature: its body is left of its last line
+    ("def f(args):\n    # Parse the arguments:\n", "\n    opts = parse(args)\n", "python", 4),  # a comment
+    ("func name(x int) string {\n\tswitch x {\n\tcase 1:\n\t\treturn \"one\"\n", "\n\t}\n}\n", "go", 1),
+    ("  let total = 0;\n", "\n}\n", "javascript", 0),
+    ("jobs:\n  build:\n    steps:\n", "\n    - run: make\n", "yaml", 4),
+    ("Run this:\n", "\n  npm install\n", "markdown", 0),  # prose: no scope
 ])
 def test_an_empty_cursor_line_is_in_the_block_of_the_code_around_it(prefix, suffix, language, floor):
     assert scope_min_indent(prefix, language, suffix) == floor
@@ -514,3 +523,25 @@ def test_the_request_of_an_empty_cursor_line_carries_its_scope_and_lead():
 ])
 def test_an_answer_at_column_0_inside_a_body_stays_in_the_block(text, suffix, kept):
     assert cut_at_scope_end(text, BODY, suffix, "python") == kept
+
+
+@pytest.mark.parametrize(("language", "prefix", "suffix", "text"), [
+    # Go's and C's case lines sit at their switch's depth, left of the case bodies
+    ("go", "func name(x int) string {\n\tswitch x {\n\tcase 1:\n\t\treturn \"one\"\n", "\n\t}\n}\n",
+     "\tcase 100:\n\t\treturn \"hundred\""),
+    ("c", "int f(int c) {\n\tswitch (c) {\n\tcase 'a':\n\t\treturn 1;\n", "\n\t}\n}\n", "\tcase 'b':\n\t\treturn 2;"),
+    ("cpp", "class Lexer {\n", "\n};\n", "public:\n  Lexer(int pos);"),  # an access specifier
+    ("c", "int f(void) {\n    int x = 1;\n", "\n    return x;\n}\n", "#ifdef DEBUG\n    log(x);\n#endif"),
+    ("python", "def long_function_name(var_one, var_two,\n                       var_three, var_four):\n",
+     "\n\n\ndef other():\n", "    return var_one + var_two + var_three + var_four"),
+    ("python", "def f(args):\n    # Parse the arguments:\n", "\n    return opts\n", "    opts = parse(args)"),
+    ("markdown", "Run this:\n", "\n  npm install\n", "1. Install the package"),
+])
+def test_a_line_left_of_its_block_that_is_code_there_is_kept(language, prefix, suffix, text):
+    """A review found the first version of the column-0 rule cutting these to nothing (the engine stopped
+    at their first token): the floor came from an opener line or a closer below."""
+    assert cut_at_scope_end(text, prefix, suffix, language) == text
+    snap = Snapshot(uri="file:///w/x", version=1, language=language, path="x", before=prefix, after=suffix)
+    request = build_request(snap, CompletionConfig())
+    from engine.stops import _scope_end
+    assert _scope_end(text, request.limits.min_indent, request.limits.closer_words, request.limits.lead_indent) == -1
