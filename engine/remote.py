@@ -674,23 +674,47 @@ def _events(response: httpx.Response):
         yield from _choice_events(_parse(response.read().decode("utf-8-sig", "replace")))  # -sig: a BOM goes
         yield "done", None
         return
+    # An event's data may span several "data:" lines, joined by "\n" and ended by a blank line (SSE; a
+    # pretty-printed JSON event was "not JSON"). A line that completes the JSON (every server's one-line
+    # events) is read at once, not held until the blank line.
+    pending: list[str] = []
     for n, line in enumerate(response.iter_lines()):
         if n == 0:
             line = line.removeprefix("\ufeff")  # a byte order mark before the first field (SSE skips one)
+        if not line.strip() and pending:
+            data, pending = "\n".join(pending), []
+            yield from _choice_events(_parse(data))
+            continue
         if not line.startswith("data:"):
             continue  # blank separators, comments (":"), event/id/retry fields: nothing for us
-        data = line[5:].strip()
+        pending.append(line[5:].strip())
+        data = "\n".join(pending)
         if data == "[DONE]":
+            pending = []
             yield "done", None
             continue  # read on to the body's end (it follows at once), or the connection cannot be reused
-        yield from _choice_events(_parse(data))
+        if (event := _whole_json(data)) is not None:
+            pending = []
+            yield from _choice_events(_parse(data, event))
+    if pending:
+        yield from _choice_events(_parse("\n".join(pending)))
 
 
-def _parse(data: str) -> dict:
+def _whole_json(data: str) -> Any:
+    """``data`` parsed, or None while it is not (yet) a whole JSON value."""
     try:
-        event = json.loads(data)
+        return json.loads(data)
     except ValueError:
-        raise RemoteFailure("protocol", f"not JSON in the stream: {data[:80]!r}") from None
+        return None
+
+
+def _parse(data: str, event: Any = None) -> dict:
+    """``event``: ``data`` already parsed."""
+    if event is None:
+        try:
+            event = json.loads(data)
+        except ValueError:
+            raise RemoteFailure("protocol", f"not JSON in the stream: {data[:80]!r}") from None
     if not isinstance(event, dict):
         raise RemoteFailure("protocol", f"unexpected event {data[:80]!r}")
     if event.get("error"):  # "error": null on every event is a server's empty field, not an error

@@ -353,6 +353,15 @@ def test_a_bom_before_the_first_event_is_skipped(raw):
     assert raw_engine(srv).complete(REQUEST, threading.Event()).text == "return a"
 
 
+def test_an_event_whose_data_spans_several_lines_is_one_event(raw):
+    """SSE joins an event's "data:" lines with "\n" up to the blank line: a pretty-printed JSON event was
+    "not JSON" (a probe's `multidata`)."""
+    payload = json.dumps({"choices": [{"index": 0, "text": " a", "finish_reason": "stop"}]}, indent=1)
+    spread = b"".join(b"data: " + line.encode() + b"\n" for line in payload.split("\n")) + b"\n"
+    srv = raw(SSE_HEAD + event("return") + chunk(spread) + DONE + END)
+    assert raw_engine(srv).complete(REQUEST, threading.Event()).text == "return a"
+
+
 def test_chat_deltas_are_read_with_one_warning(raw, caplog):
     def delta(content, finish=None):
         payload = {"choices": [{"index": 0, "delta": {"content": content} if content else {}, "finish_reason": finish}]}
