@@ -6,7 +6,8 @@ one's pipe and one disconnect ends only that session. What is expensive is share
 
 - one engine thread (`Scheduler`): jobs from every session queue on it first come, first served,
   and each session's keys are its own, so one editor's keystroke never cancels another's request;
-- the loaded engines, one per model configuration, loaded once on that thread;
+- the loaded engines, one per model configuration (its options in any order), loaded once on that
+  thread and freed once no session uses it;
 - the workspace indexes, one per set of roots and index settings, opened by the first session
   that needs it and closed when the last one lets go (two sessions on one folder share one index
   instead of fighting over its files).
@@ -18,12 +19,13 @@ on loopback unless told otherwise.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import logging
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,29 +107,73 @@ class Shared:
     def __init__(self) -> None:
         self.scheduler = Scheduler()
         self.indexes = IndexRegistry()
-        self._engines: dict[str, asyncio.Future] = {}
+        self._engines: dict[str, list[Any]] = {}  # key -> [its load (a future), users]
         self._ids = itertools.count(1)
         self.sessions = 0
 
     def session_id(self) -> str:
         return f"s{next(self._ids)}"
 
+    @staticmethod
+    def _key(model: ModelConfig) -> str:
+        """What defines an engine: its model configuration, whatever order its tables' keys came in
+        (a repr kept the order: one model loaded twice for two editors)."""
+        fields = {f.name: getattr(model, f.name) for f in dataclasses.fields(model)}
+        return json.dumps(_plain(fields), sort_keys=True, default=str)
+
     async def engine(self, model: ModelConfig) -> Any:
-        """The engine for ``model``, loaded once on the engine thread; a failed load is retried next time."""
-        key = repr(model)
-        future = self._engines.get(key)
-        if future is None:
-            future = asyncio.ensure_future(self.scheduler.call(lambda: make_engine(model)))
-            self._engines[key] = future
+        """The engine for ``model``, loaded once on the engine thread and shared while sessions use it:
+        each engine this returns is one more user, for `release_engine` to end. A failed load is
+        retried next time."""
+        key = self._key(model)
+        entry = self._engines.get(key)
+        if entry is None:
+            entry = self._engines[key] = [asyncio.ensure_future(self.scheduler.call(lambda: make_engine(model))), 0]
+        entry[1] += 1
+        future = entry[0]
         try:
             return await asyncio.shield(future)
+        except asyncio.CancelledError:
+            self.release_engine(model, future)  # this caller never got it
+            raise
         except Exception:
-            if self._engines.get(key) is future:
+            if self._engines.get(key) is entry:
                 del self._engines[key]
             raise
 
+    def release_engine(self, model: ModelConfig, load: Any = None) -> None:
+        """A session no longer uses the engine of ``model`` (it switched models or ended); after the
+        last user's release the daemon holds it no more, and the model's next use loads it again. A
+        generation still running on it holds it (its job, the completer) until it ends: the engine is
+        freed then, never under it. ``load``: the load this user waited for (a release that finds
+        another one in the table, started since, is not its to make)."""
+        key = self._key(model)
+        entry = self._engines.get(key)
+        if entry is None or (load is not None and entry[0] is not load):
+            return
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del self._engines[key]
+
+    def engines(self) -> dict[str, int]:
+        """The engines held now: their key and how many users each has."""
+        return {key: entry[1] for key, entry in self._engines.items()}
+
     def close(self) -> None:
         self.scheduler.close()
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every mapping a dict and every sequence a list (json's own types)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+class ListenError(Exception):
+    """The daemon could not listen where it was told (``draftline serve`` says so and exits 2)."""
 
 
 async def serve_sessions(host: str, port: int, user_config: Path | None = None,
@@ -135,7 +181,7 @@ async def serve_sessions(host: str, port: int, user_config: Path | None = None,
     """Listen on ``host:port``; every connection is a session of its own until it disconnects."""
     from pygls.io_ import run_async
 
-    from lsp_server.server import build_server
+    from lsp_server.server import EngineSlot, build_server
 
     shared = Shared()
 
@@ -154,11 +200,18 @@ async def serve_sessions(host: str, port: int, user_config: Path | None = None,
         finally:
             shared.sessions -= 1
             ls.draftline.close()
+            # the session's objects wait for the GC (reference cycles): its engine, released, must not
+            ls.draftline.slot, ls.draftline.monitor = EngineSlot(), None
             if not writer.is_closing():
                 writer.close()
             log.info("session closed (%d open)", shared.sessions)
 
-    server = await asyncio.start_server(session, host, port)
+    try:
+        server = await asyncio.start_server(session, host, port)
+    except OSError as exc:  # the port is taken, the host unknown or not this machine's
+        shared.close()
+        reason = os.strerror(exc.errno) if isinstance(exc.errno, int) and exc.errno > 0 else exc.strerror or exc
+        raise ListenError(f"cannot listen on {host}:{port}: {reason}") from exc
     addrs = ", ".join(str(sock.getsockname()) for sock in server.sockets)
     log.info("draftline listening on %s", addrs)
     if ready is not None and not ready.done():

@@ -189,6 +189,7 @@ class Draftline:
         self.slot = EngineSlot()
         self._wanted_model: Any = None  # the model the latest switch asked for: other loads are skipped or dropped
         self._pending_loads: list[Any] = []  # models whose load is queued or running (one each)
+        self._held_model: Any = None  # the model whose shared engine the slot holds (a daemon's session)
         self.monitor: Monitor | None = None  # the rollback rules of the ready engine (lsp_server.monitor)
         # a Retriever that is empty until the workspace index is open
         self.index = IndexHandle(shared.indexes if shared is not None else None)
@@ -198,6 +199,7 @@ class Draftline:
         self._overlay_timers: dict[str, asyncio.TimerHandle] = {}  # uri -> pending re-index of its buffer
         self._overlaid: set[str] = set()  # uris whose unsaved text this session put into the index
         self._index_started = False
+        self._config_watch: ConfigWatch | None = None  # the roots' .draftline.toml, index or not
         self._closed = False
 
     # -- configuration and the engine ------------------------------------------------------------
@@ -224,6 +226,7 @@ class Draftline:
         if self.slot.state == "empty" or old.model != self.config.model:
             self._cancel_jobs()  # the old model's generations: their answers would be dropped anyway
             self.slot = EngineSlot("loading")  # from now on requests answer empty until ready
+            self._release_engine()  # the daemon frees it once no session uses it
             self.monitor = None  # the next engine gets its own
             self._wanted_model = self.config.model
             if self.config.model not in self._pending_loads:  # A -> B -> A while A loads: A's load still serves
@@ -268,7 +271,12 @@ class Draftline:
             self.ls.window_show_message(t.ShowMessageParams(type=t.MessageType.Error, message=message))
             return True
         if engine is None or not wanted():
+            if engine is not None and self.shared is not None:
+                self.shared.release_engine(config.model)  # loaded for nothing: this session does not hold it
             return False
+        self._release_engine()
+        if self.shared is not None:
+            self._held_model = config.model
         self.slot = EngineSlot("ready", Completer(engine, self.config.completion, self.index, self.roots))
         self.monitor = monitor_for(engine, self.config.monitor, _engine_runner(self.scheduler))
         log.info("model %r ready", config.model.target)
@@ -385,6 +393,7 @@ class Draftline:
     async def start_index(self) -> None:
         """Open and build the workspace index on a worker thread; retrieval uses it once open."""
         self._index_started = True  # from now on, a change of [index] settings re-indexes
+        self.watch_config()
         if not (self.config.index.enabled and self.roots):
             return
         loop = asyncio.get_running_loop()
@@ -398,15 +407,37 @@ class Draftline:
         finally:
             if progress is not None:
                 progress.end()
+        self._overlay_buffers()
+
+    def _overlay_buffers(self) -> None:
+        """The session's unsaved buffers into the index just opened (built: a touch that came while it
+        was building waits for the build anyway): a buffer overlaid before it opened (edited while there
+        was none, or in the index it replaces) would otherwise be missing until its next edit."""
+        if self._closed:
+            return
+        for uri in list(self._overlaid):
+            self.index_touch(uri, self.buffer_text(uri))  # None: no longer open, the disk's text then
 
     async def reindex(self) -> None:
         """The roots changed: close the old index and its watcher (off the loop) and index the new roots."""
+        overlaid = set(self._overlaid)
         self._drop_overlays()  # the old index may live on for other sessions of a daemon
+        self._overlaid |= overlaid  # still unsaved: the new index gets them once open (start_index)
         old = self.index.detach()
         self.disk_changes.clear()
         if old is not None and hasattr(old, "close"):
             await in_daemon_thread(self.index.release, old)
         await self.start_index()
+
+    def watch_config(self) -> None:
+        """Watch the roots' ``.draftline.toml`` (again where the roots changed): the index's watcher sees
+        it too, but only while there is an index, and a client need not report file events."""
+        roots = tuple(self.roots)
+        if self._closed or (self._config_watch is not None and self._config_watch.roots == roots):
+            return
+        if self._config_watch is not None:
+            self._config_watch.stop()
+        self._config_watch = ConfigWatch.start(roots, asyncio.get_running_loop(), self.disk_changed)
 
     def _client_shows_progress(self) -> bool:
         window = self.ls.client_capabilities.window
@@ -437,11 +468,22 @@ class Draftline:
             timer.cancel()
         self._overlay_timers.clear()
         self._drop_overlays()
+        if self._config_watch is not None:
+            self._config_watch.stop()
+            self._config_watch = None
         if self.shared is None:  # a daemon's engine thread outlives its sessions
             self.scheduler.close()
         else:  # but what this session asked for stops now, not when its generation ends
             self._cancel_jobs()
+            self._wanted_model = None  # a load still pending installs (and holds) nothing
+            self._release_engine()  # and its engine is freed unless another session uses it
         self.index.close()
+
+    def _release_engine(self) -> None:
+        """A daemon's session lets go of the shared engine its slot held (a switch, or the end)."""
+        if self._held_model is not None:
+            model, self._held_model = self._held_model, None
+            self.shared.release_engine(model)
 
     def _drop_overlays(self) -> None:
         """Back to the disk's text for every buffer this session overlaid on the index."""
@@ -552,6 +594,8 @@ class Draftline:
             "generations": {
                 "started": sched.started, "in_flight": sched.in_flight, "max_in_flight": sched.max_in_flight,
             },
+            # whose engine thread cancellations, superseded and generations count: a daemon's is every session's
+            "scheduler_scope": "daemon" if self.shared is not None else "session",
             "shown": tel.shown,
             "accepted": tel.accepted,
             "partially_accepted": tel.partially_accepted,
@@ -677,6 +721,69 @@ class WatchSink:
     def _post(self, path: str, deleted: bool) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: the server is exiting
             self.loop.call_soon_threadsafe(self.changed, os.fsdecode(path), deleted)
+
+
+class ConfigWatch:
+    """The roots' own ``.draftline.toml``, watched on their top level only (one watch a root, never a
+    walk of the tree below). An edit reaches ``changed(path, deleted)`` on the loop once the file has been
+    quiet for ``DEBOUNCE_S`` (an editor's save may truncate it first: that empty file is no config).
+    """
+
+    DEBOUNCE_S = 0.15  # the index watcher's default (indexer.config debounce_s)
+    _EVENTS = {"created", "modified", "closed", "deleted", "moved"}  # not "opened": reading it is no change
+
+    def __init__(self, roots: tuple[Path, ...], loop: asyncio.AbstractEventLoop, changed: Any) -> None:
+        self.roots, self._loop, self._changed = roots, loop, changed
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._observer: Any = None
+
+    @classmethod
+    def start(cls, roots: tuple[Path, ...], loop: asyncio.AbstractEventLoop, changed: Any) -> ConfigWatch | None:
+        """A started watch (None without roots); a root it cannot watch is logged and left to the
+        client's file events."""
+        if not roots:
+            return None
+        from watchdog.events import FileSystemEventHandler
+        from watchdog.observers import Observer
+
+        watch = cls(roots, loop, changed)
+
+        class Handler(FileSystemEventHandler):
+            def on_any_event(self, event: Any) -> None:  # on the observer's thread
+                if event.event_type in cls._EVENTS and not event.is_directory:
+                    for path in (event.src_path, getattr(event, "dest_path", "")):
+                        if path and os.path.basename(os.fsdecode(path)) == WORKSPACE_FILE:
+                            with contextlib.suppress(RuntimeError):  # the loop is gone: the server is exiting
+                                loop.call_soon_threadsafe(watch._heard, os.fsdecode(path))
+
+        observer = Observer()
+        observer.start()  # first: a root scheduled then that cannot be watched fails alone
+        for root in roots:
+            try:
+                observer.schedule(Handler(), str(root), recursive=False)
+            except Exception as exc:  # a root that is gone, the inotify limit
+                log.warning("not watching %s: %s", Path(root) / WORKSPACE_FILE, exc)
+        watch._observer = observer
+        return watch
+
+    def _heard(self, path: str) -> None:
+        if (timer := self._timers.pop(path, None)) is not None:
+            timer.cancel()
+        self._timers[path] = self._loop.call_later(self.DEBOUNCE_S, self._settled, path)
+
+    def _settled(self, path: str) -> None:
+        self._timers.pop(path, None)
+        self._changed(path, not os.path.exists(path))
+
+    def stop(self) -> None:
+        """Stop watching; the observer is joined on a thread of its own (not holding up the loop)."""
+        for timer in self._timers.values():
+            timer.cancel()
+        self._timers.clear()
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+            threading.Thread(target=observer.join, args=(5,), name="draftline-watch-stop", daemon=True).start()
 
 
 async def in_daemon_thread(fn: Any, *args: Any) -> None:
@@ -873,6 +980,19 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
     return ls
 
 
+def tcp_address(value: str) -> tuple[str, int]:
+    """``--tcp``'s HOST:PORT as (host, port): an empty host is loopback, an IPv6 host may come in
+    brackets (``[::1]:7333``); ValueError saying what is wrong otherwise."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not (port.isascii() and port.isdigit()):
+        raise ValueError(f"--tcp wants HOST:PORT (e.g. 127.0.0.1:7333), not {value!r}")
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"--tcp {value}: the port must be between 0 and 65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host or "127.0.0.1", int(port)
+
+
 def run_serve(args: Any) -> int:
     """``draftline serve``: stdio by default, ``--tcp HOST:PORT`` to listen instead."""
     if not getattr(args, "verbose", False):
@@ -888,11 +1008,18 @@ def run_serve(args: Any) -> int:
             print(f"draftline serve: {exc}", file=sys.stderr)
             return 2
     if args.tcp:  # one daemon, several editors: each connection its own session (lsp_server/daemon.py)
-        from lsp_server.daemon import serve_sessions
+        from lsp_server.daemon import ListenError, serve_sessions
 
-        host, _, port = args.tcp.rpartition(":")
+        try:  # a clear line and 2, not a traceback (as for --metrics-port)
+            host, port = tcp_address(args.tcp)
+        except ValueError as exc:
+            print(f"draftline serve: {exc}", file=sys.stderr)
+            return 2
         try:
-            asyncio.run(serve_sessions(host or "127.0.0.1", int(port), getattr(args, "config", None)))
+            asyncio.run(serve_sessions(host, port, getattr(args, "config", None)))
+        except ListenError as exc:
+            print(f"draftline serve: {exc}", file=sys.stderr)
+            return 2
         except KeyboardInterrupt:
             pass
         return 0
