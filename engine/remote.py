@@ -203,6 +203,10 @@ class LocalEngine(Protocol):
     def complete(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult: ...
 
 
+class _Stale(Exception):
+    """The request met a kept-alive connection the server had closed: sent again once (RemoteEngine.complete)."""
+
+
 class RemoteFailure(Exception):
     """A request that produced no usable answer; ``kind`` is one of FAILURES."""
 
@@ -455,7 +459,10 @@ class RemoteEngine:
         if time.monotonic() < self._paused_until:
             return self._fall_back(request, cancel)
         try:
-            result = self._stream(request, cancel)
+            try:
+                result = self._stream(request, cancel)
+            except _Stale:
+                result = self._stream(request, cancel, stale=True)  # once more, on a fresh connection
         except RemoteFailure as failure:
             if cancel.is_set():  # a keystroke, not the server's fault
                 self.stats.cancelled += 1
@@ -520,7 +527,8 @@ class RemoteEngine:
     def _stop_strings(self, request: CompletionRequest) -> tuple[str, ...]:
         return tuple(dict.fromkeys((*request.limits.stop, *self.template.stop)))
 
-    def _stream(self, request: CompletionRequest, cancel: threading.Event) -> CompletionResult:
+    def _stream(self, request: CompletionRequest, cancel: threading.Event, stale: bool = False) -> CompletionResult:
+        """``stale``: this is the second try after a closed kept-alive connection (no third)."""
         started = time.perf_counter()
         stats = CompletionStats()
         body = self.body(request)
@@ -535,6 +543,7 @@ class RemoteEngine:
         max_pieces = max(request.limits.max_tokens, 1)
         max_chars = max_pieces * PIECE_CHARS
         watch = self._backend.watch = _Watch(cancel, time.monotonic() + self.cfg.timeout_ms / 1e3)
+        response = None
         try:
             with self.client.stream("POST", self.endpoint, json=body) as response:
                 watch.attach(response.extensions["network_stream"].get_extra_info("socket"))  # the same one, normally
@@ -602,6 +611,10 @@ class RemoteEngine:
                 # h11's message quotes the header it refused, which may be the Authorization header
                 raise RemoteFailure("connection", f"{type(exc).__name__} (a request header could not be sent; "
                                     "its text is not logged)") from None
+            elif response is None and isinstance(exc, httpx.RemoteProtocolError) and not stale:
+                # a kept-alive connection the server closed as the request went out (its idle timeout, or
+                # one answer per connection): no answer was begun, so the request is sent again
+                raise _Stale() from None
             elif not pieces.items or not isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
                 raise RemoteFailure("connection", f"{type(exc).__name__}: {exc}") from None
             else:
