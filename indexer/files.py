@@ -134,6 +134,9 @@ def redact(text: str) -> str:
     return redact_slices(text, [(0, len(text))])[0]
 
 
+# skips a tree has by the thousand (build artifacts, copies): logged per file at DEBUG, counted at INFO
+# in the build's summary line
+BULK_SKIPS = frozenset({"binary", "not_utf8", "duplicate_dir", "duplicate_file", "symlink_inside", "not_regular"})
 # why a skip reason is what it is, where its name alone does not say
 SKIP_DETAILS = {"bad_name": "the name is not valid UTF-8: the index cannot store its path"}
 
@@ -341,7 +344,7 @@ class FileFilter:
 
     def _skip(self, result: WalkResult, path: Path, reason: str, detail: object = "") -> None:
         result.skipped[reason] += 1
-        level = logging.DEBUG if reason == "ignored" else logging.INFO
+        level = logging.DEBUG if reason == "ignored" or reason in BULK_SKIPS else logging.INFO
         log.log(level, "skip %s (%s) %s", shown(str(path)), reason, detail or SKIP_DETAILS.get(reason, ""))
 
     def _entries(self, directory: Path, result: WalkResult):

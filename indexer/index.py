@@ -18,7 +18,7 @@ from .bm25 import Bm25Index, chunk_tokens
 from .chunker import Chunker
 from .config import IndexConfig
 from .dense import Embedder, make_embedder
-from .files import IGNORE_FILE_NAMES, SKIP_DETAILS, FileFilter, SourceFile, WalkResult, shown
+from .files import BULK_SKIPS, IGNORE_FILE_NAMES, SKIP_DETAILS, FileFilter, SourceFile, WalkResult, shown
 from .imports import FileTable
 from .models import Chunk, IndexStats, Symbol
 from .store import FileRecord, Store
@@ -204,6 +204,8 @@ class Index:
                 progress(total, total, "done")
         self._last_index_s = time.perf_counter() - t0
         st = self.stats()
+        log.info("indexed %d files, %d chunks in %.1f s (%d read now); skipped: %s", st.files, st.chunks,
+                 self._last_index_s, total, ", ".join(f"{k} {v}" for k, v in sorted(st.skipped.items())) or "none")
         return {"files": st.files, "chunks": st.chunks, "chars": st.chars, "symbols": st.symbols,
                 "seconds": round(self._last_index_s, 3), "skipped": st.skipped, "indexed_now": total}
 
@@ -232,7 +234,10 @@ class Index:
         if reason and reason not in ("vanished", "outside_roots", "ignored"):
             with self._lock:
                 self._content_skipped[path] = reason
-            log.info("skip %s (%s) %s", shown(path), reason, SKIP_DETAILS.get(reason, ""))
+            # one line a file at INFO for what a user may want to know; the bulk kinds (a tree's
+            # .pyc and .so files: 10,484 "binary" lines on every start of a 20k-file tree) at DEBUG
+            level = logging.DEBUG if reason in BULK_SKIPS else logging.INFO
+            log.log(level, "skip %s (%s) %s", shown(path), reason, SKIP_DETAILS.get(reason, ""))
 
     def _display(self, path: str) -> str:
         root = self.filter.root_of(Path(path))

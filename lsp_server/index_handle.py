@@ -51,7 +51,7 @@ class IndexHandle:
     def __init__(self, registry: Any = None) -> None:
         self.registry = registry  # lsp_server.daemon.IndexRegistry: indexes shared between sessions
         self.index: Any = None
-        self.state = "none"  # none | building | ready | failed | unavailable
+        self.state = "none"  # none | opening | building | ready | failed | unavailable
         self._epoch = 0  # bumped by each open and detach
         self._changes = 0  # touch/remove calls, for generation()
         self._changes_by_path: dict[str, int] = {}
@@ -70,6 +70,8 @@ class IndexHandle:
         with self._watch_lock:
             self._epoch += 1
             epoch = self._epoch
+            if cfg.enabled and roots:
+                self.state = "opening"  # loading a stored index of a large tree took 32 s: not "none"
         index = self.registry.acquire(roots, cfg) if self.registry is not None else open_index(roots, cfg)
         if index is None:
             if cfg.enabled and roots and epoch == self._epoch:

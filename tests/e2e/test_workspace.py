@@ -105,7 +105,7 @@ async def test_an_unwritable_index_directory_leaves_completion_working(client: L
     options = index_options(tmp_path)
     options["draftline"]["index"]["options"]["cache_dir"] = str(blocker / "cache")
     await initialize(client, init_options=options, roots=(root,))
-    done = await wait_for(client, lambda s: s["index"]["state"] not in ("none", "building"))
+    done = await wait_for(client, lambda s: s["index"]["state"] not in ("none", "opening", "building"))
     assert done["index"]["state"] in ("unavailable", "failed")
     text = "def f():\n    return compute"
     uri = (root / "main.py").as_uri()

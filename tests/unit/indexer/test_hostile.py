@@ -219,3 +219,16 @@ def test_a_changed_files_definitions_replace_its_own_and_no_others(workspace, ma
     index.remove(workspace / "b.py")
     index.remove(workspace / "c.py")
     assert index.flush(10) and index.definitions("__init__") == [] and "__init__" not in index._symbols
+
+
+def test_bulk_skips_are_counted_in_one_line_not_logged_per_file(workspace, make_index, caplog):
+    """A 20k-file tree's .pyc and .so files wrote 10,484 "skip ... (binary)" lines at every start."""
+    write(workspace, "ok.py", "x = 1\n")
+    for i in range(5):
+        (workspace / f"m{i}.py").write_bytes(b"\x00\x01binary")
+    index = make_index(workspace)
+    with caplog.at_level(logging.INFO, logger="indexer"):
+        index.build()
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    assert not any("(binary)" in line for line in lines)
+    assert any(line.startswith("indexed 1 files") and "binary 5" in line for line in lines)

@@ -98,3 +98,19 @@ def test_a_session_leaving_a_file_another_edits_leaves_that_sessions_text_in_the
     one.close()
     two.close()
     assert shared.closed == 1 and registry._overlays == {}
+
+
+def test_a_handle_says_opening_while_a_stored_index_loads(tmp_path):
+    """A 20k-file tree's stored index took 32 s to load, and status said "none" all that time."""
+    from lsp_server.config import IndexSettings
+
+    seen: list[str] = []
+
+    class SlowRegistry(CountingRegistry):
+        def acquire(self, roots, cfg):
+            seen.append(handle.state)  # while it loads
+            return None  # and then fails to open
+
+    handle = IndexHandle(SlowRegistry())
+    handle.open_and_build([tmp_path], IndexSettings())
+    assert seen == ["opening"] and handle.state == "unavailable"
