@@ -201,3 +201,30 @@ def test_each_failed_path_waits_out_its_own_backoff(monkeypatch):
         assert worker.dropped == 1 and worker.errors == 5 and worker.pending == 0
     finally:
         worker.close()
+
+
+def test_a_burst_is_handled_in_bounded_batches_and_pending_counts_the_running_ones(monkeypatch):
+    """A checkout of 4,228 files was one batch: the index's write lock held 120 s (an open buffer's edit
+    waited as long), 460 MB more for good, and status said 1 pending throughout."""
+    monkeypatch.setattr(worker_module, "MAX_BATCH", 10)
+    entered, go = threading.Event(), threading.Event()
+    sizes: list[int] = []
+    pending_inside: list[int] = []
+
+    def handler(batch):
+        sizes.append(len(batch))
+        if len(sizes) == 1:
+            entered.set()
+            assert go.wait(10)
+        pending_inside.append(worker.pending)
+
+    worker = CoalescingWorker(handler)
+    worker.submit("first")
+    assert entered.wait(10)  # the worker is busy with "first": the burst piles up
+    for i in range(25):
+        worker.submit(f"p{i}")
+    assert worker.pending == 26
+    go.set()
+    assert worker.flush(10)
+    assert sizes == [1, 10, 10, 5] and pending_inside[1] == 25 and worker.pending == 0
+    worker.close()
