@@ -12,13 +12,9 @@ from pygls.workspace import Workspace
 from lsp_server.config import WORKSPACE_FILE
 from lsp_server.server import build_server
 
+from .waiting import until
 
-async def until(predicate, timeout_s: float = 20.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
+WATCHED_S = 20.0  # a real file event's way through watchdog, on a loaded machine
 
 
 @pytest.mark.parametrize("index", ["disabled from the start", "turned off by the file"])
@@ -43,13 +39,13 @@ def test_an_edit_of_the_workspace_file_applies_without_an_index_and_without_clie
         watches = [emitter.watch for emitter in app._config_watch._observer.emitters]
         assert [(w.path, w.is_recursive) for w in watches] == [(str(root), False)]  # the top level only
         if enabled:
-            await until(lambda: app.index.watching)  # the index's watcher reports the file
+            await until(lambda: app.index.watching, WATCHED_S)  # the index's watcher reports the file
             toml.write_text("[completion]\ndebounce_ms = 2\n[index]\nenabled = false\n")
-            await until(lambda: app.config.completion.debounce_ms == 2 and app.index.index is None)
+            await until(lambda: app.config.completion.debounce_ms == 2 and app.index.index is None, WATCHED_S)
         toml.write_text("[completion]\ndebounce_ms = 3\n[index]\nenabled = false\n")  # no index watches now
-        await until(lambda: app.config.completion.debounce_ms == 3)
+        await until(lambda: app.config.completion.debounce_ms == 3, WATCHED_S)
         toml.unlink()
-        await until(lambda: app.config.completion.debounce_ms != 3)  # back to the defaults
+        await until(lambda: app.config.completion.debounce_ms != 3, WATCHED_S)  # back to the defaults
 
     try:
         asyncio.run(run())

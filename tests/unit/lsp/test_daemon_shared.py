@@ -15,6 +15,8 @@ from lsp_server import daemon, server
 from lsp_server.config import IndexSettings, ModelConfig
 from lsp_server.server import build_server
 
+from .waiting import until
+
 
 class FakeIndex:
     def __init__(self, roots):
@@ -99,14 +101,6 @@ class Engine(FakeEngine):
         self.started.set()
         self.gate.wait(10)
         return super().complete(request, threading.Event())  # a step that cannot stop
-
-
-async def until(predicate, timeout_s: float = 10.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 def daemon_session(shared, tmp_path):

@@ -18,6 +18,8 @@ from engine.fake import FakeEngine
 from lsp_server import daemon, server
 from lsp_server.server import build_server
 
+from .waiting import until
+
 
 @dataclass
 class Gated(FakeEngine):
@@ -32,14 +34,6 @@ class Gated(FakeEngine):
         self.started.set()
         self.gate.wait(10)
         return super().complete(request, threading.Event())
-
-
-async def until(predicate, timeout_s: float = 10.0) -> None:
-    for _ in range(int(timeout_s / 0.01)):
-        if predicate():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 def settings(text: str) -> dict:
