@@ -611,9 +611,11 @@ class RemoteEngine:
                 # h11's message quotes the header it refused, which may be the Authorization header
                 raise RemoteFailure("connection", f"{type(exc).__name__} (a request header could not be sent; "
                                     "its text is not logged)") from None
-            elif response is None and isinstance(exc, httpx.RemoteProtocolError) and not stale:
+            elif response is None and not stale and isinstance(
+                    exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)):
                 # a kept-alive connection the server closed as the request went out (its idle timeout, or
-                # one answer per connection): no answer was begun, so the request is sent again
+                # one answer per connection): "disconnected without sending a response", or a reset when
+                # the request reached a closed socket. No answer was begun, so it is sent again
                 raise _Stale() from None
             elif not pieces.items or not isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError)):
                 raise RemoteFailure("connection", f"{type(exc).__name__}: {exc}") from None

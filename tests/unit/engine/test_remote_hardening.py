@@ -473,3 +473,22 @@ def test_a_kept_alive_connection_the_server_closed_is_retried_once(raw):
     assert eng.complete(REQUEST, threading.Event()).text == "return a"
     assert eng.complete(REQUEST, threading.Event()).text == "return a"  # the first connection, dropped; a new one
     assert eng.stats.failures["connection"] == 0 and len(srv.requests) == 2
+
+
+
+def test_a_kept_alive_connection_reset_as_the_request_arrives_is_retried_once(raw, monkeypatch):
+    """The same race seen as a reset: the request reached a socket the server had closed unread."""
+    srv = raw(SSE_HEAD + event("return") + event(" a", "stop") + DONE + END)
+    eng = raw_engine(srv)
+    calls = []
+    real = eng.client.stream
+
+    def stream(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise httpx.ReadError("[Errno 104] Connection reset by peer")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(eng.client, "stream", stream)
+    assert eng.complete(REQUEST, threading.Event()).text == "return a"
+    assert len(calls) == 2 and eng.stats.failures["connection"] == 0
