@@ -26,6 +26,7 @@ BENCHES = {
     "scenarios": ("lsp_server.bench.scenarios", "single-line / function / refactor tasks per mode, plots and table"),
     "context": ("lsp_server.bench.context", "is the needed definition in the prompt at a first use, and does it help"),
     "lsp": ("lsp_server.bench.lsp", "retype real lines through a real LSP client: latency, cancels, staleness"),
+    "index-yield": ("lsp_server.bench.index_yield", "decoding while the index builds, the build yielding to generations or not"),
 }
 
 

@@ -59,6 +59,7 @@ class IndexHandle:
         self._changes_lock = threading.Lock()  # counted on the loop, read by generation() on the engine thread
         self._watcher: Any = None  # indexer.watch.Watcher over the open index's roots
         self._watch_lock = threading.Lock()
+        self.yield_to: Any = None  # given to each index it opens (Index.yield_to): the engine's generations first
 
     def open_and_build(self, roots: Sequence[Path], cfg: IndexSettings, progress: Any = None,
                        watch: Any = None) -> None:
@@ -84,6 +85,8 @@ class IndexHandle:
         if not current:  # the roots changed (or the session ended) while it opened
             self.release(index)
             return
+        if self.yield_to is not None:
+            index.yield_to = self.yield_to
         if watch is not None:  # before the build: a change while it walks is not missed
             self._start_watching(index, watch, epoch)
         try:

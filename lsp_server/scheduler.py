@@ -16,6 +16,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+# how long the indexer waits for a running generation, between two files
+YIELD_S = 0.25
+
+
 @dataclass
 class SchedulerStats:
     """Counters the scheduler keeps (read by ``draftline/status``)."""
@@ -39,6 +43,8 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftline-engine")
         self._tokens: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
+        self.idle = threading.Event()  # set while no generation runs (the indexer waits for it a moment)
+        self.idle.set()
         self.stats = SchedulerStats()
 
     def cancel(self, key: str) -> None:
@@ -87,13 +93,22 @@ class Scheduler:
             self.stats.started += 1
             self.stats.in_flight += 1
             self.stats.max_in_flight = max(self.stats.max_in_flight, self.stats.in_flight)
+            self.idle.clear()
         try:
             return job(token)
         finally:
             with self._lock:
                 self.stats.in_flight -= 1
+                if not self.stats.in_flight:
+                    self.idle.set()
+
+    def yield_to_generation(self, most_s: float = YIELD_S) -> None:
+        """Wait (on another thread: the indexer's) while a generation runs, at most ``most_s``: its
+        Python then has the GIL to itself. Bounded, so indexing goes on while the user types."""
+        self.idle.wait(most_s)
 
     def close(self) -> None:
+        self.idle.set()
         for token in list(self._tokens.values()):
             token.set()
         self._executor.shutdown(wait=False, cancel_futures=True)

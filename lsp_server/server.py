@@ -193,6 +193,7 @@ class Draftline:
         self.monitor: Monitor | None = None  # the rollback rules of the ready engine (lsp_server.monitor)
         # a Retriever that is empty until the workspace index is open
         self.index = IndexHandle(shared.indexes if shared is not None else None)
+        self.index.yield_to = self.scheduler.yield_to_generation  # indexing waits a moment for a generation
         self.disk_changes = DiskChanges()  # the client's file events and our watcher's, deduplicated
         self.roots: list[Path] = []
         self.last_chunks: list[str] = []

@@ -232,3 +232,13 @@ def test_bulk_skips_are_counted_in_one_line_not_logged_per_file(workspace, make_
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
     assert not any("(binary)" in line for line in lines)
     assert any(line.startswith("indexed 1 files") and "binary 5" in line for line in lines)
+
+
+def test_the_build_offers_to_yield_between_files(workspace, make_index):
+    for i in range(4):
+        write(workspace, f"m{i}.py", f"def f{i}():\n    return {i}\n")
+    index = make_index(workspace)
+    calls: list[int] = []
+    index.yield_to = lambda: calls.append(1)
+    index.build()
+    assert len(calls) >= 4 and index.definitions("f3")  # at least once a file read (and once a file chunked)

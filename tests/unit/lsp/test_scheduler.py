@@ -139,3 +139,38 @@ async def test_at_most_one_generation_runs(scheduler: Scheduler):
     results = await asyncio.gather(*(scheduler.submit(f"doc{i}", j) for i, j in enumerate(jobs)))
     assert results == ["done"] * 12
     assert scheduler.stats.max_in_flight == 1 and scheduler.stats.started == 12
+
+
+def test_the_indexer_waits_for_a_running_generation_and_not_otherwise():
+    """The index build's Python competes for the GIL with the engine thread's decode loop: between two
+    files it waits (a bounded moment) while a generation runs."""
+    scheduler = Scheduler()
+    started, release = threading.Event(), threading.Event()
+
+    def job(token):
+        started.set()
+        release.wait(10)
+        return "done"
+
+    async def run():
+        task = asyncio.ensure_future(scheduler.submit("doc", job))
+        assert await asyncio.get_running_loop().run_in_executor(None, started.wait, 10)
+        assert not scheduler.idle.is_set()
+        waited = threading.Event()
+
+        def indexer():  # another thread, as the index build is
+            scheduler.yield_to_generation(10)
+            waited.set()
+
+        thread = threading.Thread(target=indexer)
+        thread.start()
+        assert not waited.wait(0.05)  # held while the generation runs
+        release.set()
+        assert await task == "done"
+        assert await asyncio.get_running_loop().run_in_executor(None, waited.wait, 10)
+        thread.join(10)
+        assert scheduler.idle.is_set()
+
+    asyncio.run(run())
+    scheduler.yield_to_generation(10)  # idle: returns at once (a 10 s wait would time the test out)
+    scheduler.close()
