@@ -167,17 +167,13 @@ class _Handler(FileSystemEventHandler):
         self._callback(event)
 
 
-def watch_index(index, debounce_s: float | None = None, sink: IndexSink | None = None,
-                always: tuple[str, ...] = ()) -> Watcher:
+def watch_index(index, debounce_s: float | None = None, sink: IndexSink | None = None) -> Watcher:
     """Start a Watcher for an :class:`indexer.Index`'s roots, with its filter and its cache dir.
 
-    The changes go to ``sink`` (default: the index itself); files named in ``always`` reach it even
-    where the index's filter ignores them (the server's own settings file).
+    The changes go to ``sink`` (default: the index itself).
     """
 
     def ignored(path: str) -> bool:
-        if always and os.path.basename(path) in always:
-            return False
         if path.endswith(os.sep):
             return index.filter.path_reason(Path(path.rstrip(os.sep)) / "x") == "ignored"
         # a file the index holds that is now to be skipped (replaced by a link out of the workspace,

@@ -112,7 +112,7 @@ class IndexHandle:
         try:
             from indexer.watch import watch_index
 
-            watcher = watch_index(index, sink=sink, always=getattr(sink, "always", ()))
+            watcher = watch_index(index, sink=sink)
         except Exception as exc:  # e.g. the inotify watch limit: the client's file events still work
             log.warning("not watching %s for changes on disk: %s", [str(r) for r in index.roots], exc)
             return

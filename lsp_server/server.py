@@ -403,7 +403,7 @@ class Draftline:
             await progress.start()
         try:
             report = progress.report if progress else None
-            watch = WatchSink(loop, self.disk_changed, always=(WORKSPACE_FILE,))
+            watch = WatchSink(loop, self.disk_changed)
             await in_daemon_thread(self.index.open_and_build, list(self.roots), self.config.index, report, watch)
         finally:
             if progress is not None:
@@ -431,8 +431,9 @@ class Draftline:
         await self.start_index()
 
     def watch_config(self) -> None:
-        """Watch the roots' ``.draftline.toml`` (again where the roots changed): the index's watcher sees
-        it too, but only while there is an index, and a client need not report file events."""
+        """Watch the roots' ``.draftline.toml`` (again where the roots changed), index or not (its
+        watcher runs only with an index, and may ignore the file), and whether or not the client
+        reports file events."""
         roots = tuple(self.roots)
         if self._closed or (self._config_watch is not None and self._config_watch.roots == roots):
             return
@@ -711,7 +712,6 @@ class WatchSink:
 
     loop: asyncio.AbstractEventLoop
     changed: Any  # (path, deleted) -> None, run on the loop
-    always: tuple[str, ...] = ()  # file names reported even where the index ignores them (.draftline.toml)
 
     def touch(self, path: str) -> None:
         self._post(path, False)
