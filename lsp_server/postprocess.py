@@ -8,7 +8,7 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 
-from engine.stops import closes_block
+from engine.stops import _FIRST_WORD, closes_block
 from engine.types import Mode
 
 OPENERS = {"(": ")", "[": "]", "{": "}"}
@@ -180,7 +180,6 @@ def scope_min_indent(prefix: str, language: str = "", suffix: str = "") -> int:
 
 # a line starting with one of these goes on with the statement above it, whose block ends before it
 CONTINUING_WORDS = frozenset({"else", "elif", "elsif", "except", "finally", "rescue", "ensure"})
-_FIRST_WORD = re.compile(r"\w+")
 # column 0 inside a body is code in these (a C preprocessor line)
 _DIRECTIVE_LANGUAGES = frozenset({"c", "cpp", "cuda-cpp", "objective-c", "objective-cpp", "csharp"})
 
