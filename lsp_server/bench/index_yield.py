@@ -30,6 +30,7 @@ def run_bench_index_yield(args: argparse.Namespace) -> int:
     from engine.engine import load_engine
     from engine.types import CompletionRequest, Limits, SpecConfig
     from indexer import Index, IndexConfig
+    from indexer.bench import percentile
 
     engine = load_engine(DEFAULT_PACKAGE, drafter="none")  # the default model, plain decoding (no drafts to vary)
     text = DEMO.read_text()
@@ -72,7 +73,7 @@ def run_bench_index_yield(args: argparse.Namespace) -> int:
         shutil.rmtree(cache, ignore_errors=True)
         return {"yielding": yielding, "answers": len(ms), "build_s": round(took["s"], 1),
                 "ms_per_token_p50": round(statistics.median(ms), 1) if ms else None,
-                "ms_per_token_p90": round(sorted(ms)[int(len(ms) * 0.9)], 1) if ms else None}
+                "ms_per_token_p90": percentile(ms, 90, 1) if ms else None}
 
     deadline = time.monotonic() + args.idle_s
     idle_ms = answers(lambda: time.monotonic() < deadline, at_least=1)
