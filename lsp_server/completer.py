@@ -70,8 +70,8 @@ def build_request(snap: Snapshot, cfg: CompletionConfig, roots: Sequence[Path] =
     multi = mode == "multi-line"
     min_indent = postprocess.scope_min_indent(before, snap.language, after) if multi else -1
     limits = Limits(max_tokens=cfg.max_tokens, max_lines=max_lines, time_budget_s=cfg.time_budget_s,
-                    min_indent=min_indent, lead_indent=postprocess.lead_indent(before) if multi else -1, closer_words=postprocess.closer_words(snap.language),
-                    stop=postprocess.stop_strings(snap.language))
+                    min_indent=min_indent, lead_indent=postprocess.lead_indent(before) if multi else -1,
+                    closer_words=postprocess.closer_words(snap.language), stop=postprocess.stop_strings(snap.language))
     prefix = prefix_window(snap.before, cfg.prefix_chars, cfg.window_quantum)
     suffix = suffix_window(snap.after, cfg.suffix_chars)
     # The model never sees a secret of the open buffer (the index keeps them out of retrieved chunks).
