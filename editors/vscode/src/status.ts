@@ -34,6 +34,9 @@ export interface StatusView {
 const percent = (x: number) => `${Math.round(x * 100)}%`;
 
 function indexText(index: ServerStatus['index']): string {
+  // a stored index of a large tree can take tens of seconds to open: completions go on meanwhile,
+  // without cross-file context, and the bar says why
+  if (index?.state === 'opening') return 'opening index';
   if (!index || index.state !== 'building') return '';
   const files = index.files ?? 0;
   const pending = index.pending ?? 0;

@@ -24,6 +24,7 @@ test('indexing progress from the index counters', () => {
   const view = statusView({ ...ready, index: { state: 'building', files: 30, pending: 10 } }, true, true);
   assert.equal(view.text, '$(sparkle) draftline 12 ms · 25% · indexing 75%');
   assert.equal(statusView({ ...ready, index: { state: 'building' } }, true, true).text, '$(sparkle) draftline 12 ms · 25% · indexing');
+  assert.equal(statusView({ ...ready, index: { state: 'opening' } }, true, true).text, '$(sparkle) draftline 12 ms · 25% · opening index');
 });
 
 test('loading, failed, no model, off, not running', () => {
