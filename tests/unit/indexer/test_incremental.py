@@ -152,3 +152,38 @@ def test_vector_topk_matches_brute_force_with_free_slots():
     assert [h.chunk_id for h in m.search(q, 10, exclude={4, 5})] == [i for i in expect if i not in (4, 5)][:10]
     assert len(m.search(q, 1000)) == len(alive)
     assert np.allclose(matvec(vecs, q), vecs @ q, atol=1e-5)
+
+
+def _totals(index):
+    return (sum(len(c.text) for c in index._chunks.values()), sum(len(v) for v in index._path_symbols.values()))
+
+
+def test_stats_totals_follow_edits_removals_and_reloads(workspace, make_index):
+    """stats() keeps chars and symbols as running totals (no scan under the lock at each status poll):
+    they must equal a fresh count through edits that keep some chunk ids, overlays, removals, a reload."""
+    rng = random.Random(7)
+    paths = [write(workspace, f"m{i}.py", MODULE) for i in range(4)]
+    index = make_index(workspace)
+    index.build()
+    stats = index.stats()
+    assert (stats.chars, stats.symbols) == _totals(index) and stats.chars > 0 and stats.symbols >= 48
+    for step in range(12):
+        path = rng.choice(paths)
+        n = rng.randrange(12)
+        text = MODULE.replace(f"return x * {n}", f"return x * {n} + {'y' * rng.randrange(1, 40)}")
+        if step % 3 == 0:
+            text = "import os\n\n" + text + f"\n\ndef extra_{step}():\n    return {step}\n"
+        index.touch(path, text=text)  # an unsaved buffer
+        assert index.flush(timeout=30)
+        stats = index.stats()
+        assert (stats.chars, stats.symbols) == _totals(index), step
+    paths[0].unlink()
+    index.remove(paths[0])
+    index.close_overlay(paths[1])
+    assert index.flush(timeout=30)
+    stats = index.stats()
+    assert (stats.chars, stats.symbols) == _totals(index)
+    index.close()
+    reloaded = make_index(workspace)
+    stats = reloaded.stats()
+    assert (stats.chars, stats.symbols) == _totals(reloaded) and stats.chars > 0
