@@ -30,6 +30,8 @@ import ssl
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Protocol
 
@@ -367,15 +369,53 @@ class _WatchedBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
+_LOOKUPS: dict[tuple[str, int], Future] = {}  # name lookups in flight, one per host and port
+_LOOKUPS_LOCK = threading.Lock()
+
+
+def _lookup(host: str, port: int, watch: _Watch | None, end: float | None) -> list:
+    """socket.getaddrinfo, ended by a keystroke or the deadline: the lookup runs in a thread of its own (a
+    resolver that does not answer holds getaddrinfo ~5 s a try, which no socket shut can wake), and
+    requests made while it runs wait for that same lookup rather than start one each."""
+    key = (host, port)
+    with _LOOKUPS_LOCK:
+        future = _LOOKUPS.get(key)
+        if future is None:
+            future = _LOOKUPS[key] = Future()
+
+            def run(future: Future = future) -> None:
+                try:
+                    future.set_result(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+                except BaseException as exc:  # gaierror included: the caller raises it as before
+                    future.set_exception(exc)
+                finally:
+                    with _LOOKUPS_LOCK:
+                        if _LOOKUPS.get(key) is future:
+                            del _LOOKUPS[key]
+
+            threading.Thread(target=run, name="draftline-remote-lookup", daemon=True).start()
+    while True:
+        if watch is not None and watch.fired:
+            raise OSError(errno.ECANCELED, f"name lookup ended: {watch.fired}")
+        left = CONNECT_POLL_S if end is None else min(CONNECT_POLL_S, end - time.monotonic())
+        if left <= 0:
+            raise socket.timeout("timed out")
+        try:
+            return future.result(left)
+        except FutureTimeout:
+            if future.done():  # the lookup's own error (TimeoutError is FutureTimeout since 3.11)
+                raise
+
+
 def _connect(host: str, port: int, timeout: float | None, local_address: str | None, socket_options,
              watch: _Watch | None) -> socket.socket:
     """socket.create_connection as httpcore calls it, but the socket is the watcher's before it connects and
     connect() does not block: httpcore's blocked in connect() with no socket to shut, so a keystroke, a
     route's time limit or our deadline could not end a connect to a box that drops SYNs (down, firewalled,
-    its accept queue full): it waited for the whole timeout. (The name lookup still blocks.)"""
+    its accept queue full): it waited for the whole timeout. The name lookup ends the same way (_lookup)."""
     end = None if timeout is None else time.monotonic() + timeout
     error: OSError | None = None
-    for family, kind, proto, _, address in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+    for family, kind, proto, _, address in _lookup(host, port, watch, end):
         sock = socket.socket(family, kind, proto)
         try:
             for option in socket_options or ():

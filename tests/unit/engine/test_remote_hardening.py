@@ -232,6 +232,45 @@ def test_a_route_deadline_ends_a_connect_to_a_box_that_drops_syns(syn_drop: str)
     assert result.text == "" and time.monotonic() - started < 0.2 + SLACK_S
 
 
+@pytest.fixture
+def stuck_dns(monkeypatch):
+    """A resolver that never answers (until the test ends): getaddrinfo blocks, as on a dead DNS server."""
+    release, calls = threading.Event(), []
+    real = socket.getaddrinfo
+
+    def stuck(host, *args, **kwargs):
+        if host != "stuck.invalid":
+            return real(host, *args, **kwargs)
+        calls.append(host)
+        release.wait(60)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", stuck)
+    yield calls
+    release.set()
+
+
+def test_a_keystroke_ends_a_name_lookup_that_never_answers(stuck_dns):
+    eng = load_remote({"url": "http://stuck.invalid:8000", "timeout_ms": LONG_MS, "allow_insecure": True})
+    for _ in range(3):  # each keystroke's request waits on the one lookup in flight, and ends at the next
+        cancel = threading.Event()
+        thread, box = run_in_thread(lambda: eng.complete(REQUEST, cancel))
+        thread.join(0.2)
+        started = time.monotonic()
+        cancel.set()
+        thread.join(SLACK_S)
+        assert not thread.is_alive() and box["result"].cancelled
+        assert time.monotonic() - started < SLACK_S
+    assert stuck_dns == ["stuck.invalid"]
+
+
+def test_a_route_deadline_ends_a_name_lookup_that_never_answers(stuck_dns):
+    eng = load_remote({"url": "http://stuck.invalid:8000", "timeout_ms": LONG_MS, "allow_insecure": True})
+    thread, box = run_in_thread(lambda: eng.complete(REQUEST, Deadline(threading.Event(), time.perf_counter() + 0.2)))
+    thread.join(0.2 + SLACK_S)
+    assert not thread.is_alive() and box["result"].text == ""
+
+
 def test_a_keystroke_ends_a_stalled_tls_handshake(raw):
     srv = raw(hold=True)  # accepts, never answers the ClientHello (its reader waits for the request head)
     eng, cancel = load_remote({"url": f"https://127.0.0.1:{srv.port}", "timeout_ms": LONG_MS}), threading.Event()
