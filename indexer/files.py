@@ -200,6 +200,19 @@ class FileFilter:
             if cached == directory or cached.startswith(prefix):
                 self._dir_specs.pop(cached, None)
 
+    def exclude_root(self, path: Path | str) -> Path | None:
+        """The root whose ``.git/info/exclude`` ``path`` is (its rules apply to that whole root), or None."""
+        p = Path(os.path.abspath(path))
+        if p.name == "exclude" and p.parent.name == "info" and p.parent.parent.name == ".git":
+            root = p.parent.parent.parent
+            if root in self.roots:
+                return root
+        return None
+
+    def invalidate_root(self, root: Path) -> None:
+        """Forget the root-wide rules (``.git/info/exclude``, extra patterns) cached for ``root``."""
+        self._root_specs.pop(root, None)
+
     def root_of(self, path: Path) -> Path | None:
         best = None
         for root in self.roots:

@@ -405,6 +405,8 @@ class Index:
                 self._overlays[p] = text
         if os.path.basename(p) in IGNORE_FILE_NAMES:
             self.filter.invalidate(Path(p).parent)  # the worker re-checks that directory (_update_batch)
+        elif (root := self.filter.exclude_root(p)) is not None:
+            self.filter.invalidate_root(root)  # .git/info/exclude: the worker re-checks the root
         worker = self._ensure_worker()
         if worker is not None:
             worker.submit(p)
@@ -424,6 +426,8 @@ class Index:
         self.filter.invalidate(Path(p))
         if os.path.basename(p) in IGNORE_FILE_NAMES:
             self.filter.invalidate(Path(p).parent)
+        elif (root := self.filter.exclude_root(p)) is not None:
+            self.filter.invalidate_root(root)
         worker = self._ensure_worker()
         if worker is not None:
             worker.submit(p, remove=True)  # a directory's files are found when it is applied (_update_batch)
@@ -442,6 +446,9 @@ class Index:
         with self._write_lock:
             for directory in {os.path.dirname(p) for p in batch if os.path.basename(p) in IGNORE_FILE_NAMES}:
                 batch = {**self._ignore_rescan(Path(directory)), **batch}
+            for path in [p for p in batch if self.filter.exclude_root(p) is not None]:
+                root = self.filter.exclude_root(path)
+                batch = {**self._ignore_rescan(root), **{q: gone for q, gone in batch.items() if q != path}}
             sources: list[SourceFile] = []
             removals = self._removed_under(batch)
             for path, force_remove in batch.items():

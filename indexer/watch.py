@@ -23,6 +23,9 @@ class IndexSink(Protocol):
     def remove(self, path: Path | str) -> None: ...
 
 
+_EXCLUDE = os.path.join(".git", "info", "exclude")
+
+
 class Watcher:
     """Watches ``roots`` recursively and forwards settled changes to ``sink``.
 
@@ -86,7 +89,10 @@ class Watcher:
     def _dropped(self, path: str) -> bool:
         if (path + os.sep).startswith(self.ignore_prefixes):
             return True
-        return f"{os.sep}.git{os.sep}" in path + os.sep
+        if f"{os.sep}.git{os.sep}" not in path + os.sep:
+            return False
+        # but a root's .git/info/exclude: its patterns hide files like a .gitignore at the root
+        return not (path.endswith(_EXCLUDE) and path[: -len(_EXCLUDE)].rstrip(os.sep) in self.roots)
 
     def _note(self, path: str, action: str) -> None:
         if not path or self._dropped(path):
@@ -174,6 +180,8 @@ def watch_index(index, debounce_s: float | None = None, sink: IndexSink | None =
     """
 
     def ignored(path: str) -> bool:
+        if index.filter.exclude_root(path) is not None:
+            return False  # the index re-checks the root with the file's new patterns
         if path.endswith(os.sep):
             return index.filter.path_reason(Path(path.rstrip(os.sep)) / "x") == "ignored"
         # a file the index holds that is now to be skipped (replaced by a link out of the workspace,

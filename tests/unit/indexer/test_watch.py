@@ -89,3 +89,25 @@ def test_directory_replaced_by_a_file_within_one_debounce_is_removed_then_touche
     assert not index.definitions("old_function")
     assert [c.path for c in index.search("old_function", 5, mode="bm25")] == [pkg]  # the new file only
     assert sorted(index._digests) == [pkg]
+
+
+def test_an_edit_of_the_roots_git_info_exclude_is_followed(workspace, make_index):
+    """.git/info/exclude hides files like a root .gitignore; its edits came under .git/ and were dropped."""
+    write(workspace, ".git/HEAD", "ref: refs/heads/main\n")
+    write(workspace, ".git/info/exclude", "scratch/\n")
+    write(workspace, "scratch/notes.py", "def hidden_scratch_helper():\n    pass\n")
+    write(workspace, "local.py", "def local_only_helper():\n    pass\n")
+    index = make_index(workspace)
+    index.build()
+    assert index.definitions("local_only_helper") and not index.definitions("hidden_scratch_helper")
+    watcher = watch_index(index, debounce_s=0.05)
+    try:
+        write(workspace, ".git/info/exclude", "local.py\n")  # scratch/ is allowed again, local.py hidden
+        assert wait_for(lambda: index.flush(1) and index.definitions("hidden_scratch_helper")
+                        and not index.definitions("local_only_helper"))
+        (workspace / ".git" / "info" / "exclude").unlink()
+        assert wait_for(lambda: index.flush(1) and index.definitions("local_only_helper"))
+        assert index.definitions("hidden_scratch_helper")
+        assert not any("/.git/" in p for p in index._digests)  # the exclude file itself is never indexed
+    finally:
+        watcher.stop()
