@@ -3,6 +3,7 @@
  * workspace/didChangeConfiguration carry the same object). Pure: no `vscode` import, so plain
  * Node tests can check it.
  */
+import * as path from 'node:path';
 
 /** Every `draftline.*` setting the extension reads, with its default (package.json must agree). */
 export const DEFAULTS = {
@@ -176,18 +177,64 @@ export function needsRestart(started: Settings, now: Settings): boolean {
   return leaves(toServerOptions(started)).some((leaf) => !after.has(leaf));
 }
 
-/** How the server process is started: the command, its args, and its environment (base env + `server.env`). */
+/**
+ * How the server process is started: the command, its args, its environment (base env + `server.env`). No cwd: with
+ * the workspace as its directory, a `python -m lsp_server` launch would put the workspace first on sys.path, where
+ * a project's own `engine/` or `indexer/` package would shadow draftline's.
+ */
 export interface Launch {
   command: string;
   args: string[];
   env: Record<string, string | undefined>;
 }
 
-export function serverLaunch(settings: Settings, baseEnv: Record<string, string | undefined>): Launch {
+/** Where the server's paths are resolved: the user's home directory and the (first) workspace folder on disk. */
+export interface LaunchPlace {
+  home?: string;
+  workspaceFolder?: string;
+}
+
+/** `~`, `~/...`, `${userHome}` and `${workspaceFolder}` (left as written where there is no such place). */
+function expandPath(value: string, place: LaunchPlace): string {
+  let out = value;
+  if (place.home !== undefined) {
+    out = out.replace(/\$\{userHome\}/g, place.home);
+    if (out === '~' || out.startsWith('~/') || out.startsWith(`~${path.sep}`)) out = place.home + out.slice(1);
+  }
+  if (place.workspaceFolder !== undefined) out = out.replace(/\$\{workspaceFolder\}/g, place.workspaceFolder);
+  return out;
+}
+
+/**
+ * The command as spawn() should get it. VS Code expands nothing in settings and spawn() uses no shell, so `~` and
+ * `${workspaceFolder}` reached it literally, and a relative path (`.venv/bin/draftline`) resolved against the
+ * extension host's directory, not the workspace: each failed with ENOENT. A bare name (`draftline`) stays a PATH
+ * lookup; an empty one (a cleared setting) is the default.
+ */
+function resolveCommand(command: string, place: LaunchPlace): string {
+  const trimmed = command.trim();
+  if (trimmed === '') return DEFAULTS['server.command'];
+  const expanded = expandPath(trimmed, place);
+  const isPath = expanded.includes('/') || (path.sep === '\\' && expanded.includes('\\'));
+  if (isPath && !path.isAbsolute(expanded) && place.workspaceFolder !== undefined) {
+    return path.resolve(place.workspaceFolder, expanded);
+  }
+  return expanded;
+}
+
+export function serverLaunch(
+  settings: Settings,
+  baseEnv: Record<string, string | undefined>,
+  place: LaunchPlace = {},
+): Launch {
+  const env: Record<string, string | undefined> = { ...baseEnv };
+  for (const [name, value] of Object.entries(settings['server.env'])) {
+    env[name] = typeof value === 'string' ? expandPath(value, place) : value;
+  }
   return {
-    command: settings['server.command'],
-    args: [...settings['server.args']],
-    env: { ...baseEnv, ...settings['server.env'] },
+    command: resolveCommand(settings['server.command'], place),
+    args: settings['server.args'].map((arg) => expandPath(arg, place)),
+    env,
   };
 }
 

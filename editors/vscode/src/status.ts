@@ -61,8 +61,18 @@ function ruleText(rule: string, monitor: ServerStatus['monitor']): string {
   }
 }
 
-/** What the status bar shows; `status` is undefined while the server is not running or answering. */
-export function statusView(status: ServerStatus | undefined, enabled: boolean, running: boolean): StatusView {
+/**
+ * What the status bar shows; `status` is undefined while the server is not running or answering, `starting` while
+ * the client starts the server (spawn, initialize).
+ */
+export function statusView(status: ServerStatus | undefined, enabled: boolean, running: boolean, starting = false): StatusView {
+  if (!enabled && (!running || !status)) {
+    // off: no server is started for a window that starts with them off
+    return { text: '$(circle-slash) draftline off', tooltip: 'draftline: inline completions are off; click to turn them on', warning: false };
+  }
+  if (starting) {
+    return { text: '$(sync~spin) draftline starting', tooltip: 'draftline: starting the server', warning: false };
+  }
   if (!running || !status) {
     return { text: '$(circle-slash) draftline', tooltip: 'draftline: server not running (draftline: Restart Server)', warning: true };
   }

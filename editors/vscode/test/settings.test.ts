@@ -253,6 +253,32 @@ describe('what the extension hands vscode-languageclient', () => {
     });
   });
 
+  test('server.command: ~, ${userHome}, ${workspaceFolder} and relative paths resolved; no cwd (sys.path shadowing)', () => {
+    const place = { home: '/home/me', workspaceFolder: '/ws/proj' };
+    const launch = (user: Record<string, unknown>) => serverLaunch(settings(user), {}, place);
+    assert.equal(launch({ 'server.command': '~/venv/bin/draftline' }).command, '/home/me/venv/bin/draftline');
+    assert.equal(launch({ 'server.command': '${userHome}/venv/bin/draftline' }).command, '/home/me/venv/bin/draftline');
+    assert.equal(launch({ 'server.command': '${workspaceFolder}/.venv/bin/draftline' }).command, '/ws/proj/.venv/bin/draftline');
+    assert.equal(launch({ 'server.command': '.venv/bin/draftline' }).command, '/ws/proj/.venv/bin/draftline');
+    assert.equal(launch({ 'server.command': './bin/draftline' }).command, '/ws/proj/bin/draftline');
+    assert.equal(launch({ 'server.command': '/opt/dl/bin/draftline' }).command, '/opt/dl/bin/draftline');
+    assert.equal(launch({ 'server.command': 'draftline' }).command, 'draftline'); // a PATH lookup, as before
+    assert.equal(launch({ 'server.command': '/opt/My Tools/draftline' }).command, '/opt/My Tools/draftline'); // spaces kept
+    assert.equal((launch({}) as any).cwd, undefined);
+    const custom = launch({ 'server.args': ['serve', '--config', '~/d.toml', '${workspaceFolder}/x'], 'server.env': { HF_HOME: '~/hf' } });
+    assert.deepEqual(custom.args, ['serve', '--config', '/home/me/d.toml', '/ws/proj/x']);
+    assert.equal(custom.env.HF_HOME, '/home/me/hf');
+    // no folder open: relative paths and ${workspaceFolder} are left as written
+    const alone = serverLaunch(settings({ 'server.command': '.venv/bin/draftline' }), {}, { home: '/home/me' });
+    assert.equal(alone.command, '.venv/bin/draftline');
+  });
+
+  test('an empty or blank server.command (a cleared setting) runs the default `draftline`', () => {
+    assert.equal(serverLaunch(settings({ 'server.command': '' }), {}).command, 'draftline');
+    assert.equal(serverLaunch(settings({ 'server.command': '   ' }), {}).command, 'draftline');
+    assert.equal(serverLaunch(settings({ 'server.command': ' /venv/bin/draftline ' }), {}).command, '/venv/bin/draftline');
+  });
+
   test('initializationOptions and the didChangeConfiguration push carry the same mapped object', () => {
     const s = settings({ 'model.target': 'fake', 'completion.debounceMs': 15, languages: { '*': false, python: true } });
     const expected = { draftline: { model: { target: 'fake' }, completion: { debounce_ms: 15 } } };

@@ -54,3 +54,17 @@ test('a degraded monitor rule shows as a warning, with what the server did', () 
   assert.equal(ok.text, '$(sparkle) draftline 12 ms · 25%');
   assert.equal(ok.warning, false);
 });
+
+test('off: "off", not a "server not running" warning, when no server runs (none is started while off)', () => {
+  const off = statusView(undefined, false, false);
+  assert.equal(off.text, '$(circle-slash) draftline off');
+  assert.equal(off.warning, false);
+  assert.match(off.tooltip, /turn them on/);
+});
+
+test('while the client starts the server: starting, not a "server not running" warning', () => {
+  const starting = statusView(undefined, true, false, true);
+  assert.equal(starting.text, '$(sync~spin) draftline starting');
+  assert.equal(starting.warning, false);
+  assert.equal(statusView(undefined, true, false, false).warning, true); // not running, not starting
+});
