@@ -78,7 +78,9 @@ else
       if item.abbr == "return a + b" then return item end
     end
   end
-  wait_for(draftline_item, 30000, function(shown)
+  -- the menu may come up before the last keys of "return" are typed (autotrigger fires per key): wait
+  -- for the whole word and draftline's item in the menu, whichever comes last
+  wait_for(function() return vim.api.nvim_get_current_line() == "    return" and draftline_item() end, 30000, function(shown)
     local item = draftline_item()
     w("pum=" .. tostring(shown))
     w("label=" .. (item and item.abbr or ""))

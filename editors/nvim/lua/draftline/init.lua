@@ -15,26 +15,96 @@ M.defaults = {
 
 local function has_inline() return vim.lsp.inline_completion ~= nil end
 
+-- Why the buffer has no draftline client, in words (nil: it has one).
+function M.why_not(bufnr)
+  if (bufnr or 0) == 0 then bufnr = vim.api.nvim_get_current_buf() end
+  if vim.lsp.get_clients({ name = "draftline", bufnr = bufnr })[1] then return nil end
+  local opts = M.opts or M.defaults
+  local cmd = type(opts.cmd) == "table" and opts.cmd[1]
+  if cmd and vim.fn.executable(cmd) == 0 then
+    return ("draftline: the server command %q is not found or not executable; set cmd in "
+      .. "require('draftline').setup({ cmd = { '/path/to/venv/bin/draftline', 'serve' } })"):format(cmd)
+  end
+  if not vim.tbl_contains(opts.filetypes or {}, vim.bo[bufnr].filetype) then
+    return ("draftline: filetype %q is not in setup()'s filetypes"):format(vim.bo[bufnr].filetype)
+  end
+  return "draftline: no server attached to this buffer (it failed to start or exited: see :LspInfo and "
+    .. vim.lsp.log.get_filename() .. ")"
+end
+
+-- draftline/status of the buffer's server; nil and the reason when there is none or it did not answer
 function M.status(bufnr)
   local c = vim.lsp.get_clients({ name = "draftline", bufnr = bufnr })[1]
-  if not c then return nil end
-  local r = c:request_sync("draftline/status", vim.NIL, 3000, bufnr or 0)
-  return r and r.result
+  if not c then return nil, M.why_not(bufnr) end
+  local r, err = c:request_sync("draftline/status", vim.NIL, 3000, bufnr or 0)
+  if not r or r.err then return nil, "draftline/status: " .. tostring(err or (r.err and r.err.message)) end
+  return r.result
+end
+
+-- What a key did in this buffer before draftline took it (a completion plugin's <Tab>, the user's own
+-- map, else the key itself), kept as a buffer-local <Plug> map: a key with no suggestion to act on
+-- falls back to that, not to a bare <Tab>.
+local function keep_fallback(bufnr, lhs, name)
+  local plug = ("<Plug>(draftline-%s-fallback)"):format(name)
+  vim.api.nvim_buf_call(bufnr, function()
+    local prev = vim.fn.maparg(lhs, "i", false, true)
+    local ours = (prev.desc or ""):find("^draftline: ") ~= nil
+    if ours and vim.fn.maparg(plug, "i") ~= "" then return end -- mapped again (another attach): saved already
+    if vim.tbl_isempty(prev) or ours then
+      vim.keymap.set("i", plug, lhs, { buffer = bufnr, desc = "draftline: fallback" }) -- the key's own meaning
+    else
+      prev.lhs, prev.lhsraw, prev.lhsrawalt, prev.buffer = plug, vim.keycode(plug), nil, 1
+      vim.fn.mapset("i", false, prev)
+    end
+  end)
+  return plug
+end
+
+-- The shown item as it stands now. Neovim keeps showing a suggestion while the user types on, its
+-- range still where it was requested: accepting it then put the whole text before what was typed
+-- ("return a + bre"). Typed text that begins the suggestion is replaced by it; an item the typing
+-- departed from, or whose line the cursor left, is stale (nil: nothing is inserted).
+function M.fit_item(bufnr, item)
+  local r, text = item.range, item.insert_text
+  if not r or type(text) ~= "string" or r.start_row ~= r.end_row then return item end
+  local win = vim.api.nvim_get_current_win()
+  if vim.api.nvim_win_get_buf(win) ~= bufnr then win = vim.fn.bufwinid(bufnr) end
+  local cur = vim.api.nvim_win_get_cursor(win)
+  local row, col = cur[1] - 1, cur[2]
+  if row ~= r.start_row or col < r.start_col then return nil end
+  local typed = (vim.api.nvim_buf_get_lines(bufnr, row, row + 1, false)[1] or ""):sub(r.start_col + 1, col)
+  if text:sub(1, #typed) ~= typed then return nil end
+  if col > r.end_col then item.range = vim.range(bufnr, row, r.start_col, row, col) end
+  return item
 end
 
 -- Buffer-local: only draftline's buffers lose <Tab> etc. to it.
 function M.set_keys(bufnr, k)
   local function map(lhs, rhs, desc, expr)
-    if lhs then vim.keymap.set("i", lhs, rhs, { buffer = bufnr, expr = expr, replace_keycodes = expr or nil, desc = desc }) end
+    if lhs then
+      vim.keymap.set("i", lhs, rhs, { buffer = bufnr, expr = expr, replace_keycodes = expr or nil,
+                                      remap = expr or nil, desc = desc })
+    end
   end
+  local fallback = k.accept and keep_fallback(bufnr, k.accept, "accept")
   map(k.accept, function()
-    if not vim.lsp.inline_completion.get() then return k.accept end
+    local taken = vim.lsp.inline_completion.get({ bufnr = bufnr, on_accept = function(item)
+      item = M.fit_item(bufnr, item)
+      if not item then -- nothing valid was shown: the key does what it did before
+        vim.api.nvim_feedkeys(vim.keycode(fallback), "m", false)
+      end
+      return item
+    end })
+    if not taken then return fallback end
   end, "draftline: accept", true)
-  map(k.next, function() vim.lsp.inline_completion.select({ count = 1 }) end, "draftline: next")
-  map(k.prev, function() vim.lsp.inline_completion.select({ count = -1 }) end, "draftline: previous")
+  map(k.next, function() vim.lsp.inline_completion.select({ bufnr = bufnr, count = 1 }) end, "draftline: next")
+  map(k.prev, function() vim.lsp.inline_completion.select({ bufnr = bufnr, count = -1 }) end, "draftline: previous")
+  -- what leaving insert mode does (vim.lsp.inline_completion has no dismiss): the request in flight
+  -- cancelled, the suggestion hidden until the next keystroke asks again. Disabling and re-enabling
+  -- it instead left that request's answer to a destroyed completer: a Lua error on screen.
   map(k.dismiss, function()
-    vim.lsp.inline_completion.enable(false, { bufnr = bufnr })
-    vim.lsp.inline_completion.enable(true, { bufnr = bufnr })
+    pcall(vim.api.nvim_exec_autocmds, "InsertLeave",
+          { group = ("nvim.lsp.inline_completion:%d"):format(bufnr), buffer = bufnr })
   end, "draftline: dismiss")
 end
 
@@ -90,13 +160,26 @@ function M.setup(opts)
     end,
   })
   vim.lsp.enable("draftline")
+  -- vim.lsp.enable skips a config whose command is not executable with only a line in the LSP log:
+  -- say so, once, when the first buffer that wants it opens
+  local group = vim.api.nvim_create_augroup("draftline.missing", { clear = true })
+  vim.api.nvim_create_autocmd("FileType", { group = group, pattern = opts.filetypes, callback = function(ev)
+    local cmd = type(opts.cmd) == "table" and opts.cmd[1]
+    if cmd and vim.fn.executable(cmd) == 0 and vim.bo[ev.buf].buftype == "" then
+      vim.api.nvim_del_augroup_by_id(group)
+      vim.schedule(function() vim.notify(M.why_not(ev.buf), vim.log.levels.ERROR) end)
+    end
+  end })
   vim.api.nvim_create_user_command("DraftlineStatus", function()
-    print(vim.inspect(M.status(0)))
+    local s, why = M.status(0)
+    if s then print(vim.inspect(s)) else vim.notify(why, vim.log.levels.WARN) end
   end, {})
   vim.api.nvim_create_user_command("DraftlineToggle", function()
     if has_inline() then
       local on = vim.lsp.inline_completion.is_enabled({ bufnr = 0 })
       vim.lsp.inline_completion.enable(not on, { bufnr = 0 })
+    else
+      vim.notify("draftline: :DraftlineToggle needs Neovim 0.12 (vim.lsp.inline_completion)", vim.log.levels.WARN)
     end
   end, {})
 end
