@@ -56,16 +56,28 @@ def _train(args: argparse.Namespace) -> int:
     from engine.training.train import TrainConfig, train
 
     defaults = TrainConfig()
+
+    def given(value, default):  # an explicit 0 is the user's (refused by train), not "use the default"
+        return default if value is None else value
+
     cfg = TrainConfig(out=args.out or defaults.out, minutes=args.minutes, resume=args.resume, seed=args.seed,
-                      threads=args.threads, lr=args.lr or defaults.lr,
-                      draft_lr=args.draft_lr or defaults.draft_lr, seq=args.seq, batch=args.batch or max(1, 8192 // args.seq),
+                      threads=args.threads, lr=given(args.lr, defaults.lr),
+                      draft_lr=given(args.draft_lr, defaults.draft_lr), seq=args.seq,
+                      batch=given(args.batch, max(1, 8192 // max(1, args.seq))),
                       models=tuple(args.models.split(",")), size=args.size, device=args.device,
                       max_chars=args.max_chars, fim_rate=args.fim_rate)
     try:
-        train(cfg)
+        result = train(cfg)
     except ValueError as exc:  # a refused setting (--resume without a checkpoint, an unknown --size): said, not a traceback
         print(f"draftline train: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the first step or while saving: nothing new was saved
+        print("draftline train: interrupted", file=sys.stderr)
+        return 130
+    if result.get("interrupted"):
+        print(f"draftline train: interrupted; its {result['steps']} steps are saved in {cfg.out} "
+              "(--resume continues from them)", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -77,7 +89,14 @@ def _train_eagle(args: argparse.Namespace) -> int:
 
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(EagleTrainConfig)
              if getattr(args, f.name, None) is not None}
-    summary = train_eagle(EagleTrainConfig(**given))
+    try:
+        summary = train_eagle(EagleTrainConfig(**given))
+    except ValueError as exc:  # a refused setting (a non-lean target, an --init for other head ids): said, not a traceback
+        print(f"draftline train-eagle: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("draftline train-eagle: interrupted", file=sys.stderr)
+        return 130
     print(json.dumps({k: summary[k] for k in ("steps", "trained_tokens", "held_out_before", "held_out")}, indent=1))
     return 0
 

@@ -226,7 +226,7 @@ def window_samples(files: list[SourceFile], seed: int, min_chars: int = 800, max
             peers = [p for p in by_pkg[f.package] if p is not f]
             if peers and rng.random() < context_rate:
                 peer = rng.choice(peers)
-                piece = peer.text[: rng.randint(100, context_chars)]
+                piece = peer.text[: rng.randint(min(100, context_chars), context_chars)]  # (short rows: short pieces)
                 head = f"{SEP}{peer.path}\n{piece}\n" + head
                 budget = max(min_chars, budget - len(piece))
             if rng.random() >= fim_rate or len(text) < 50:
@@ -239,7 +239,7 @@ def window_samples(files: list[SourceFile], seed: int, min_chars: int = 800, max
             if pos >= len(text) - 2:
                 break  # nothing left to cut a hole in
             a = _hole_start(text, rng.randrange(pos, min(len(text) - 1, pos + budget)))
-            span = rng.choice((rng.randint(1, 80), rng.randint(20, 300), rng.randint(50, budget // 3)))
+            span = rng.choice((rng.randint(1, 80), rng.randint(20, 300), rng.randint(50, max(50, budget // 3))))
             b = min(len(text), a + span)
             nl = text.find("\n", b)
             if rng.random() < 0.5 and nl >= 0 and nl - a < budget // 2:

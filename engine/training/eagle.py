@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -114,13 +115,15 @@ class EagleDraftModule(torch.nn.Module):
 
 
 def features(lm, stream: list[int], window: int, minutes: float, rng, max_windows: int | None = None):
-    """Run the target over random windows of `stream`; (tokens (N, W) int64, features (N, W, C) bf16)."""
+    """Run the target over random windows of `stream`; (tokens (N, W) int64, features (N, W, C) bf16).
+
+    max_windows=None: as many as `minutes` allow; 0: none (empty tensors)."""
     lm.keep_hidden()
     toks, feats = [], []
     deadline = time.perf_counter() + minutes * 60
-    starts = rng.permutation(max(1, (len(stream) - window) // window)) * window
+    starts = rng.permutation(max(1, (len(stream) - window) // window)) * window if len(stream) >= 2 else []
     for i, s in enumerate(starts):
-        if time.perf_counter() > deadline or (max_windows and i >= max_windows):
+        if time.perf_counter() > deadline or (max_windows is not None and i >= max_windows):
             break
         ids = stream[s : s + window]
         lm.reset()
@@ -131,6 +134,8 @@ def features(lm, stream: list[int], window: int, minutes: float, rng, max_window
             print(f"\rfeatures: {i + 1} windows", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     lm.reset()
+    if not toks:
+        return torch.zeros(0, window, dtype=torch.long), torch.zeros(0, window, int(lm.embed.shape[1]), dtype=torch.bfloat16)
     return torch.stack(toks), torch.stack(feats)
 
 
@@ -223,7 +228,13 @@ def cached_features(path: Path | None, made_from: dict) -> dict | None:
 
     if path is None or not path.is_file():
         return None
-    saved = torch.load(path, weights_only=True)
+    try:
+        saved = torch.load(path, weights_only=True)
+        if not isinstance(saved, dict):
+            raise ValueError(f"a {type(saved).__name__}, not a dict")
+    except Exception as e:  # a torn or foreign file: made again (and written over)
+        log.warning("features in %s cannot be read (%s): computing them again", path, e)
+        return None
     if saved.get("made_from") != made_from:
         log.warning("features in %s were made from %s, not %s: computing them again", path,
                     saved.get("made_from", "an unrecorded target"), made_from)
@@ -231,8 +242,55 @@ def cached_features(path: Path | None, made_from: dict) -> dict | None:
     return saved
 
 
+def check_config(cfg: EagleTrainConfig) -> None:
+    """Refuse a setting that cannot train, naming its option (a ValueError, before any work)."""
+    bad = []
+    if cfg.window < 2:
+        bad.append(f"--window must be at least 2 tokens (got {cfg.window})")
+    if cfg.batch < 1:
+        bad.append(f"--batch must be at least 1 (got {cfg.batch})")
+    if not (0 < cfg.lr < math.inf):
+        bad.append(f"--lr must be above 0 (got {cfg.lr})")
+    if cfg.head_tokens < 1:
+        bad.append(f"--head-tokens must be at least 1 (got {cfg.head_tokens})")
+    if not cfg.minutes >= 0 or not cfg.data_minutes >= 0:
+        bad.append(f"--minutes and --data-minutes cannot be negative (got {cfg.minutes}, {cfg.data_minutes})")
+    if cfg.held_out_windows < 0:
+        bad.append(f"--held-out-windows cannot be negative (got {cfg.held_out_windows})")
+    if cfg.max_chars < 1:
+        bad.append(f"--max-chars must be at least 1 (got {cfg.max_chars})")
+    if cfg.steps not in (1, 2):
+        bad.append(f"--steps is 1 or 2 (got {cfg.steps})")
+    if cfg.warmup < 1 or cfg.noise < 0 or cfg.reg < 0:
+        bad.append(f"warmup must be at least 1, noise and reg not negative (got {cfg.warmup}, {cfg.noise}, {cfg.reg})")
+    if bad:
+        raise ValueError("; ".join(bad))
+
+
+def _check_out(out: Path) -> None:
+    """The draft file is written after all the work: refuse, before it, a place it cannot go."""
+    if out.is_dir():
+        raise ValueError(f"--out {out} is a folder: name the draft file (e.g. {out / 'draft.safetensors'})")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot create its folder ({e.strerror or e})") from e
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ValueError(f"--out {out}: not writable")
+
+
+def _save_atomic(out: Path, tensors: dict, ids: torch.Tensor, summary: dict) -> None:
+    """Write the draft aside and rename it over cfg.out: a run killed while saving keeps the old file whole."""
+    aside = out.with_name(f".{out.name}.saving")
+    save(aside, tensors, ids, summary)
+    os.replace(aside, out)
+
+
 def train_eagle(cfg: EagleTrainConfig) -> dict:
-    """Features from the target, then the draft; writes cfg.out and returns the run's summary."""
+    """Features from the target, then the draft; writes cfg.out and returns the run's summary.
+
+    Ctrl-C during the optimizer steps ends them there: the draft is evaluated and written as usual
+    (its summary says "interrupted")."""
     import numpy as np
 
     from engine import bundled
@@ -242,9 +300,15 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
     from engine.selfdraft import tokenizer_hash
     from engine.training.corpus import collect
 
+    check_config(cfg)
+    out = Path(cfg.out)
+    _check_out(out)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     target, _, options = bundled.resolve(cfg.target or None)
+    if out.resolve() == SHIPPED.resolve() and target != bundled.default_target():
+        # the default --out is the default model's shipped draft: a draft for another target there breaks it
+        raise ValueError(f"--out is needed with --target {cfg.target}: the default, {SHIPPED}, is the default model's draft")
     engine = load_engine(target, **options)
     lm, tok = engine.target_lm, engine.target.tokenizer
     if not isinstance(lm, LeanLM):
@@ -255,7 +319,24 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
     held_stream = _stream(tok, [f.text for f in corpus.held_out], rng)
     log.info("corpus: %d train tokens, %d held-out tokens (%.0fs)", len(train_stream), len(held_stream),
              time.perf_counter() - t0)
+    if len(train_stream) < 2:
+        raise ValueError(f"no training text gathered (--max-chars {cfg.max_chars}); raise --max-chars")
     ids = frequent_ids(tok, cfg.head_tokens, lm.lm_head.w.shape[0])
+    model = EagleDraftModule(int(lm.embed.shape[1]), lm.n_heads, lm.n_kv, lm.head_dim, lm.ffn, lm.eps).to(lm.device)
+    if cfg.init:  # continue from a draft file (its head ids must be this run's): checked before the features
+        from engine.eagle import load
+
+        tensors, init_ids, _ = load(cfg.init)
+        if not torch.equal(init_ids.sort().values, ids):
+            raise ValueError(f"{cfg.init} drafts over other head ids than this run's {len(ids)}")
+        try:
+            model.load_state_dict({k: v.float() for k, v in tensors.items()})
+        except RuntimeError as e:
+            raise ValueError(f"{cfg.init} is a draft for another target: {str(e).splitlines()[0]}") from e
+    else:
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                torch.nn.init.normal_(p, std=cfg.init_std)
     cached = Path(cfg.features) if cfg.features else None
     # what the features were made from: another target (or window) would train the draft on features
     # its target never gives
@@ -268,42 +349,40 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
     else:
         held_toks, held_feats = features(lm, held_stream, cfg.window, 10.0, rng, max_windows=cfg.held_out_windows)
         toks, feats = features(lm, train_stream, cfg.window, cfg.data_minutes, rng)
+        if not len(toks):
+            raise ValueError(f"no training windows: --data-minutes {cfg.data_minutes} ran out before the first")
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
+            aside = cached.with_name(f".{cached.name}.saving")
             torch.save({"held_toks": held_toks, "held_feats": held_feats, "toks": toks, "feats": feats,
-                        "made_from": made_from}, cached)
+                        "made_from": made_from}, aside)
+            os.replace(aside, cached)  # never a torn file where a rerun reads it
     log.info("features: %d training windows of %d tokens", len(toks), cfg.window)
     fz = _Frozen(lm, ids)
-    model = EagleDraftModule(int(lm.embed.shape[1]), lm.n_heads, lm.n_kv, lm.head_dim, lm.ffn, lm.eps).to(lm.device)
-    if cfg.init:  # continue from a draft file (its head ids must be this run's)
-        from engine.eagle import load
-
-        tensors, init_ids, _ = load(cfg.init)
-        if not torch.equal(init_ids.sort().values, ids):
-            raise ValueError(f"{cfg.init} drafts over other head ids than this run's {len(ids)}")
-        model.load_state_dict({k: v.float() for k, v in tensors.items()})
-    else:
-        for name, p in model.named_parameters():
-            if p.dim() == 2:
-                torch.nn.init.normal_(p, std=cfg.init_std)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     before = evaluate(model, fz, ids, held_toks, held_feats, cfg)
     budget, start, step = cfg.minutes * 60, time.perf_counter(), 0
-    while (elapsed := time.perf_counter() - start) < budget:
-        frac = elapsed / budget
-        scale = min(1.0, (step + 1) / cfg.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
-        for g in opt.param_groups:
-            g["lr"] = cfg.lr * scale
-        pick = torch.from_numpy(rng.integers(0, len(toks), size=cfg.batch))
-        loss, parts = _loss(model, fz, toks[pick].to(lm.device), feats[pick].to(lm.device), cfg, cfg.noise, cfg.steps)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        step += 1
-        if step % 10 == 0:
-            print(f"\rstep {step} ce {parts['ce']:.3f} reg {parts['reg']:.3f} {100 * frac:.0f}%", end="",
-                  file=sys.stderr, flush=True)
+    interrupted = False
+    try:
+        while (elapsed := time.perf_counter() - start) < budget:
+            frac = elapsed / budget
+            scale = min(1.0, (step + 1) / cfg.warmup) * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * frac)))
+            for g in opt.param_groups:
+                g["lr"] = cfg.lr * scale
+            pick = torch.from_numpy(rng.integers(0, len(toks), size=cfg.batch))
+            loss, parts = _loss(model, fz, toks[pick].to(lm.device), feats[pick].to(lm.device), cfg, cfg.noise, cfg.steps)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            if step % 10 == 0:
+                print(f"\rstep {step} ce {parts['ce']:.3f} reg {parts['reg']:.3f} {100 * frac:.0f}%", end="",
+                      file=sys.stderr, flush=True)
+    except KeyboardInterrupt:  # minutes of steps are not thrown away: evaluated and written as they are
+        interrupted = True
+        print(file=sys.stderr)
+        log.warning("interrupted at step %d: evaluating and writing the draft to %s", step, out)
     print(file=sys.stderr)
     after = evaluate(model, fz, ids, held_toks, held_feats, cfg)
     summary = {"target": engine.target.name, "tokenizer": tokenizer_hash(tok), "head_tokens": len(ids),
@@ -313,6 +392,8 @@ def train_eagle(cfg: EagleTrainConfig) -> dict:
                "trained_tokens": step * cfg.batch * (cfg.window - 1),
                "held_out_before": before, "held_out": after,
                "hardware": f"{torch.get_num_threads()} threads", "date": time.strftime("%Y-%m-%d")}
-    save(cfg.out, model.tensors(), ids, summary)
+    if interrupted:
+        summary["interrupted"] = True
+    _save_atomic(out, model.tensors(), ids, summary)
     log.info("EAGLE draft written to %s: %s", cfg.out, after)
     return summary

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import platform
+import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -101,11 +103,21 @@ def _llama_config(size: ModelSize, tok, seq: int):
                        bos_token_id=None, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 
 
+ENCODE_CHUNK = 512  # texts per encode_batch: its Encodings (offsets, token strings: ~80 bytes a token) are dropped between chunks
+
+
+def _encodings(tok, texts: list[str]):
+    """The texts' token ids, encoded a chunk at a time: one encode_batch over a whole corpus holds an
+    Encoding of every token at once (gigabytes for the default 60M characters)."""
+    for i in range(0, len(texts), ENCODE_CHUNK):
+        for enc in tok.backend_tokenizer.encode_batch(texts[i : i + ENCODE_CHUNK], add_special_tokens=False):
+            yield enc.ids
+
+
 def _encode_stream(tok, texts: list[str]):
     import numpy as np
 
-    ids = tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)
-    return np.concatenate([np.asarray(e.ids, dtype=np.uint16) for e in ids])
+    return np.concatenate([np.asarray(ids, dtype=np.uint16) for ids in _encodings(tok, texts)])
 
 
 def _pack_rows(tok, texts: list[str], seq: int):
@@ -120,8 +132,7 @@ def _pack_rows(tok, texts: list[str], seq: int):
     mid = tok.convert_tokens_to_ids("<|fim_middle|>")
     rows: list[np.ndarray] = []
     row: list[int] = []
-    for enc in tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False):
-        ids = enc.ids
+    for ids in _encodings(tok, texts):
         if len(ids) > width:
             if mid in ids:
                 continue
@@ -132,6 +143,8 @@ def _pack_rows(tok, texts: list[str], seq: int):
         row += ids
     if row:
         rows.append(np.asarray(row + [pad] * (width - len(row)), dtype=np.uint16))
+    if not rows:
+        raise ValueError("no training rows: every sample was a fill-in-the-middle one longer than --seq")
     return np.stack(rows)
 
 
@@ -184,40 +197,117 @@ def evaluate(target, draft, stream, cfg: TrainConfig, n: int = 16) -> dict:
     return {"target_loss": losses["target"] / k, "draft_loss": losses["draft"] / k, "top1_agreement": agree / count}
 
 
+MIN_SEQ = 32
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Refuse a setting that cannot train, naming its option (a ValueError, before any work)."""
+    bad = []
+    if cfg.size is not None and cfg.size not in SIZE_PRESETS:
+        bad.append(f"unknown size {cfg.size!r}: one of {', '.join(SIZE_PRESETS)}")
+    if not cfg.minutes > 0:  # also NaN
+        bad.append(f"--minutes must be above 0 (got {cfg.minutes})")
+    if cfg.seq < MIN_SEQ:
+        bad.append(f"--seq must be at least {MIN_SEQ} tokens (got {cfg.seq})")
+    if cfg.batch < 1:
+        bad.append(f"--batch must be at least 1 (got {cfg.batch})")
+    for name, lr in (("--lr", cfg.lr), ("--draft-lr", cfg.draft_lr)):
+        if not (0 < lr < math.inf):
+            bad.append(f"{name} must be above 0 (got {lr})")
+    if not 0 <= cfg.fim_rate <= 1:
+        bad.append(f"--fim-rate is a share, from 0 to 1 (got {cfg.fim_rate})")
+    if cfg.max_chars < 1:
+        bad.append(f"--max-chars must be at least 1 (got {cfg.max_chars})")
+    if cfg.threads < 0:
+        bad.append(f"--threads must be 0 (torch's default) or more (got {cfg.threads})")
+    if cfg.warmup < 1:
+        bad.append(f"warmup must be at least 1 step (got {cfg.warmup})")
+    if not cfg.models or set(cfg.models) - {"target", "draft"}:
+        bad.append(f"--models must name target and/or draft (got {','.join(cfg.models)})")
+    if bad:
+        raise ValueError("; ".join(bad))
+
+
+def _check_out(out: Path, cfg: TrainConfig) -> None:
+    """Refuse an --out that cannot hold this run: a file, a resume without a whole checkpoint, or a
+    fresh run over another run's models (which it would overwrite)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file, not a folder")
+    if cfg.resume:
+        if not (out / "target" / "config.json").exists():
+            # a fresh start under --resume would train random models (and, with --models draft, a draft
+            # against an untrained target) and could load another run's optimizer state into them
+            raise ValueError(f"--resume: no checkpoint in {out} (no target/config.json); drop --resume to start afresh")
+        if not (out / "draft" / "config.json").exists():
+            raise ValueError(f"--resume: the checkpoint in {out} has no draft (no draft/config.json)")
+        return
+    held = [n for n in ("target", "draft", "summary.json") if (out / n).exists()]
+    if held:
+        raise ValueError(f"--out {out} already holds a run ({', '.join(held)}), which a fresh run would overwrite: "
+                         "--resume to continue it, or choose another --out (or remove it to start afresh)")
+    if "target" not in cfg.models:
+        raise ValueError("--models draft distils the draft from a trained target: --resume from a folder holding one")
+
+
+def _read_summary(out: Path) -> dict:
+    path = out / "summary.json"
+    if not path.exists():
+        log.warning("no summary.json in %s: starting a new run history", out)
+        return {"runs": [], "steps": 0, "tokens_seen": 0}
+    try:
+        summary = json.loads(path.read_text())
+        int(summary["steps"]), list(summary["runs"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--resume: {path} is not a run summary ({e}); move it aside to start a new run history") from e
+    return summary
+
+
 def train(cfg: TrainConfig) -> dict:
-    """Train (or resume) the tokenizer, target and distilled draft; checkpoint into cfg.out."""
+    """Train (or resume) the tokenizer, target and distilled draft; checkpoint into cfg.out.
+
+    Ctrl-C stops the run where it is and saves a checkpoint (the result has "interrupted")."""
     import numpy as np
     import torch
     from transformers import AutoTokenizer, LlamaForCausalLM
 
+    from engine.model import pick_device
     from engine.training.corpus import collect, repo_samples, window_samples
 
-    if cfg.size is not None and cfg.size not in SIZE_PRESETS:
-        raise ValueError(f"unknown size {cfg.size!r}: one of {', '.join(SIZE_PRESETS)}")
+    check_config(cfg)
+    out = Path(cfg.out)
+    _check_out(out, cfg)
+    try:
+        device = pick_device(cfg.device)
+    except RuntimeError as e:
+        raise ValueError(f"--device {cfg.device!r}: {e}") from e
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {cfg.device!r}: no CUDA device here")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    out = Path(cfg.out)
-    if cfg.resume and not (out / "target" / "config.json").exists():
-        # a fresh start under --resume would train random models (and, with --models draft, a draft
-        # against an untrained target) and could load another run's optimizer state into them
-        raise ValueError(f"--resume: no checkpoint in {out} (no target/config.json); drop --resume to start afresh")
     state_dir = Path(cfg.state) if cfg.state else default_state_dir(out)
-    out.mkdir(parents=True, exist_ok=True)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    for what, folder in (("--out", out), ("the optimizer state folder", state_dir)):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"{what} {folder}: cannot create it ({e.strerror or e})") from e
+        if not os.access(folder, os.W_OK):
+            raise ValueError(f"{what} {folder}: not writable")
     t_start = time.perf_counter()
-    from engine.model import pick_device
-
-    device = pick_device(cfg.device)
     # the per-package cap grows with the budget, so a larger corpus (for a GPU run) is not all one library
     corpus = collect(max_chars=cfg.max_chars, per_package_chars=max(8_000_000, cfg.max_chars * 2 // 15))
     log.info("corpus: %d train files, %d held-out files", len(corpus.train), len(corpus.held_out))
+    if not corpus.train:
+        raise ValueError(f"no training text gathered (--max-chars {cfg.max_chars}: files under 200 characters are "
+                         "skipped); raise --max-chars")
+    if not corpus.held_out:
+        raise ValueError("no held-out text found (the standard library's json, email, asyncio, logging)")
     tdir, ddir = out / "target", out / "draft"
     if cfg.resume:
         tok = AutoTokenizer.from_pretrained(tdir)
         target = LlamaForCausalLM.from_pretrained(tdir, dtype=torch.float32)
         draft = LlamaForCausalLM.from_pretrained(ddir, dtype=torch.float32)
-        summary = json.loads((out / "summary.json").read_text())
+        summary = _read_summary(out)
         if cfg.size is not None and any(_model_size(m) != SIZE_PRESETS[cfg.size][name]
                                         for m, name in ((target, "target"), (draft, "draft"))):
             raise ValueError(f"--size {cfg.size} does not match the models in {out}: a resumed run keeps their sizes")
@@ -241,12 +331,24 @@ def train(cfg: TrainConfig) -> dict:
     opt_d = torch.optim.AdamW(draft.parameters(), lr=cfg.draft_lr, betas=(0.9, 0.95), weight_decay=0.1)
     state_file = state_dir / "optim.pt"
     if cfg.resume and state_file.exists():
-        saved = torch.load(state_file, weights_only=True, map_location=device)
         try:
+            saved = torch.load(state_file, weights_only=True, map_location=device)
             opt_t.load_state_dict(saved["target"])
             opt_d.load_state_dict(saved["draft"])
-        except (ValueError, KeyError, RuntimeError) as e:
+            for opt in (opt_t, opt_d):  # load_state_dict counts the tensors but never checks their shapes
+                for group in opt.param_groups:
+                    for p in group["params"]:
+                        moment = opt.state.get(p, {}).get("exp_avg")
+                        if moment is not None and moment.shape != p.shape:
+                            raise ValueError(f"a moment of shape {tuple(moment.shape)} for a weight of {tuple(p.shape)}")
+        except Exception as e:  # another run's models, or a damaged file
+            opt_t = torch.optim.AdamW(target.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.1)
+            opt_d = torch.optim.AdamW(draft.parameters(), lr=cfg.draft_lr, betas=(0.9, 0.95), weight_decay=0.1)
             log.warning("optimizer state in %s does not fit these models (%s): starting a fresh one", state_file, e)
+        else:
+            log.info("optimizer state read from %s", state_file)
+    elif cfg.resume:
+        log.warning("no optimizer state in %s (kept per --out folder): starting a fresh one", state_file)
     rng = np.random.default_rng(cfg.seed + summary["steps"])
     budget = cfg.minutes * 60
     run = {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "minutes": cfg.minutes, "evals": [], "seq": cfg.seq,
@@ -260,34 +362,44 @@ def train(cfg: TrainConfig) -> dict:
             model.config.max_position_embeddings = max(cfg.seq, int(model.config.max_position_embeddings))
     t0 = last_eval = last_ckpt = time.perf_counter()
     step = 0
-    while time.perf_counter() - t0 < budget:
-        frac = (time.perf_counter() - t0) / budget
-        scale = min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-        for opt, lr in ((opt_t, cfg.lr), (opt_d, cfg.draft_lr)):
-            for g in opt.param_groups:
-                g["lr"] = lr * scale
-        x, y = _row_batch(rows, cfg, rng, tok.pad_token_id, device)
-        losses = _step(target, draft, x, y, cfg, opt_t, opt_d)
-        step += 1
-        now = time.perf_counter()
-        if step % 20 == 0:
-            tps = step * cfg.batch * cfg.seq / (now - t0)  # row positions, padding included
-            shown = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
-            print(f"\rstep {step} {shown} {tps:.0f} tok/s {100 * frac:.0f}%", end="", file=sys.stderr, flush=True)
-        if now - last_eval > cfg.eval_every_s:
-            target.eval(), draft.eval()
-            ev = {"elapsed_s": round(now - t0), "step": summary["steps"] + step, **evaluate(target, draft, held_stream, cfg)}
-            target.train(), draft.train()
-            run["evals"].append(ev)
-            log.info("eval %s", ev)
-            last_eval = now
-        if now - last_ckpt > cfg.checkpoint_every_s:
-            _save(target, draft, tok, out, opt_t, opt_d, state_file, summary, run, step, cfg)
-            last_ckpt = now
+    try:
+        while time.perf_counter() - t0 < budget:
+            frac = (time.perf_counter() - t0) / budget
+            scale = min(1.0, (step + 1) / cfg.warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+            for opt, lr in ((opt_t, cfg.lr), (opt_d, cfg.draft_lr)):
+                for g in opt.param_groups:
+                    g["lr"] = lr * scale
+            x, y = _row_batch(rows, cfg, rng, tok.pad_token_id, device)
+            losses = _step(target, draft, x, y, cfg, opt_t, opt_d)
+            step += 1
+            now = time.perf_counter()
+            if step % 20 == 0:
+                tps = step * cfg.batch * cfg.seq / (now - t0)  # row positions, padding included
+                shown = " ".join(f"{k} {v:.3f}" for k, v in losses.items())
+                print(f"\rstep {step} {shown} {tps:.0f} tok/s {100 * frac:.0f}%", end="", file=sys.stderr, flush=True)
+            if now - last_eval > cfg.eval_every_s:
+                target.eval(), draft.eval()
+                ev = {"elapsed_s": round(now - t0), "step": summary["steps"] + step, **evaluate(target, draft, held_stream, cfg)}
+                target.train(), draft.train()
+                run["evals"].append(ev)
+                log.info("eval %s", ev)
+                last_eval = now
+            if now - last_ckpt > cfg.checkpoint_every_s:
+                _save(target, draft, tok, out, opt_t, opt_d, state_file, summary, run, step, cfg)
+                last_ckpt = now
+    except KeyboardInterrupt:  # save what was learnt (a checkpoint can be 15 minutes away)
+        if step >= 20:
+            print(file=sys.stderr)  # end the progress line
+        log.warning("interrupted at step %d: saving a checkpoint in %s (--resume continues it)", step, out)
+        run["interrupted"] = True
+    else:
+        if step >= 20:
+            print(file=sys.stderr)  # end the progress line
     target.eval(), draft.eval()
-    run["final"] = evaluate(target, draft, held_stream, cfg, n=64)
+    if not run.get("interrupted"):
+        run["final"] = evaluate(target, draft, held_stream, cfg, n=64)
     _save(target, draft, tok, out, opt_t, opt_d, state_file, summary, run, step, cfg)
-    log.info("done in %.0fs: %s", time.perf_counter() - t_start, run["final"])
+    log.info("done in %.0fs: %s", time.perf_counter() - t_start, run.get("final", f"interrupted after {step} steps"))
     return {**run, "steps": step, "tokens": step * cfg.batch * cfg.seq}
 
 
@@ -346,17 +458,32 @@ def _save(target, draft, tok, out: Path, opt_t, opt_d, state_file: Path, summary
 
     import torch
 
+    # every file is written aside and then renamed over the old one: a run killed while saving
+    # (kill -9, a full disk) leaves the previous checkpoint whole, never a torn file
+    saving = {}
     for model, name in ((target, "target"), (draft, "draft")):
+        aside = out / f".{name}.saving"
+        shutil.rmtree(aside, ignore_errors=True)
         shipped = copy.deepcopy(model).to(torch.bfloat16)
         # max_position_embeddings is the longest context it has been trained at: the engine budgets to it
         shipped.generation_config.pad_token_id = tok.pad_token_id
-        shipped.save_pretrained(out / name)
-        tok.save_pretrained(out / name)
-    torch.save({"target": opt_t.state_dict(), "draft": opt_d.state_dict()}, state_file)
+        shipped.save_pretrained(aside)
+        tok.save_pretrained(aside)
+        saving[name] = aside
+    state_aside = state_file.with_name(state_file.name + ".saving")
+    torch.save({"target": opt_t.state_dict(), "draft": opt_d.state_dict()}, state_aside)
+    for name, aside in saving.items():
+        (out / name).mkdir(exist_ok=True)
+        for f in aside.iterdir():
+            os.replace(f, out / name / f.name)
+        aside.rmdir()
+    os.replace(state_aside, state_file)
     run = {**run, "steps": step, "tokens": step * cfg.batch * cfg.seq}
     runs = summary["runs"][:-1] if summary["runs"] and summary["runs"][-1].get("started") == run["started"] else summary["runs"]
     total = {"runs": runs + [run], "steps": sum(r["steps"] for r in runs) + step,
              "tokens_seen": sum(r["tokens"] for r in runs) + run["tokens"],
              "sizes": {name: {**_model_size(model).__dict__, "params": model.num_parameters()}
                        for model, name in ((target, "target"), (draft, "draft"))}}
-    (out / "summary.json").write_text(json.dumps(total, indent=1))
+    aside = out / ".summary.json.saving"
+    aside.write_text(json.dumps(total, indent=1))
+    os.replace(aside, out / "summary.json")
