@@ -59,7 +59,9 @@ class Deadline:
         deadline nor a keystroke shut a stalled stream before its timeout (5 s by default)."""
         left = self.at - self.clock()
         if left > 0:
-            self.outer.wait(left if timeout is None else min(timeout, left))
+            wait = left if timeout is None else min(timeout, left)
+            # a limit of `inf` (TOML's no-limit) or one past what a lock can wait: OverflowError before
+            self.outer.wait(None if wait > threading.TIMEOUT_MAX else wait)
         return self.is_set()
 
 
@@ -213,20 +215,37 @@ class Router:
         self.models, self.routes, self.confidence, self.clock = dict(models), dict(routes), confidence, clock
         self.overrides: dict[str, Any] = {}
         self.base_spec = None  # one spec per model: the monitor's plain self-check stays off
+        self._answered = threading.local()  # the model whose answer the last complete() on this thread gave
+        self._overrides_lock = threading.Lock()  # the monitor's swap (event loop) vs a fresh model's (engine thread)
         line = self.models[self.routes["line"].model]
         line.get()  # the line model answers from the first request
         line.fresh = False  # no overrides yet
 
     # -- the engine API ------------------------------------------------------------------------------
     def complete(self, request: CompletionRequest, cancel: threading.Event, spec: SpecConfig | None = None) -> CompletionResult:
+        self._answered.model = None
         if request.mode == "single-line":
             return self._line(request, cancel, spec)
         return self._block(request, cancel, spec)
 
     @property
     def template(self):
-        """The line route's prompt template (what a one-line answer's model saw of the cursor's line)."""
-        return getattr(self.models[self.routes["line"].model].engine, "template", None)
+        """The prompt template of the model that wrote the last answer on this thread (the completer
+        shapes it right after `complete`: whether that model saw the rest of the cursor's line); the
+        line route's before any. An escalated line is the block model's: shaped with the line model's
+        template, a left-to-right block model's `import os` at `|import json` stayed glued to it."""
+        model = getattr(self._answered, "model", None) or self.models[self.routes["line"].model]
+        return getattr(model.engine, "template", None)
+
+    def devices(self) -> list[str]:
+        """The device type of each loaded model's target ("cpu", "cuda", ...): the monitor's auto
+        settings (a GPU engine's) look at these, a router having no target of its own."""
+        out = []
+        for model in self.models.values():
+            device = getattr(getattr(model.engine, "target", None), "device", None)
+            if device is not None:
+                out.append(getattr(device, "type", None) or str(device))
+        return out
 
     def forget(self) -> None:
         for model in self.models.values():
@@ -235,12 +254,13 @@ class Router:
 
     def apply_overrides(self, **overrides: Any) -> SpecConfig | None:
         """The monitor's rollback, on every model that takes it (models loaded later get it then)."""
-        self.overrides = overrides
-        spec = None
-        for model in self.models.values():
-            if model.engine is not None and callable(getattr(model.engine, "apply_overrides", None)):
-                spec = model.engine.apply_overrides(**overrides)
-        return spec
+        with self._overrides_lock:
+            self.overrides = overrides
+            spec = None
+            for model in self.models.values():
+                if model.engine is not None and callable(getattr(model.engine, "apply_overrides", None)):
+                    spec = model.engine.apply_overrides(**overrides)
+            return spec
 
     def status(self) -> dict[str, Any]:
         models = {}
@@ -258,7 +278,7 @@ class Router:
                     entry["remote"] = model.engine.status()
             models[model.key] = entry
         return {"state": "routing", "confidence": self.confidence,
-                "routes": {r.name: {"model": r.model, "time_limit_ms": round(r.time_limit_s * 1000, 1)}
+                "routes": {r.name: {"model": r.model, "time_limit_ms": _limit_ms(r.time_limit_s)}
                            for r in self.routes.values()},
                 "models": models}
 
@@ -270,9 +290,10 @@ class Router:
         if engine is None:
             return None
         if model.fresh:  # loaded since the last overrides went out: it gets them now
-            model.fresh = False
-            if self.overrides and callable(getattr(engine, "apply_overrides", None)):
-                engine.apply_overrides(**self.overrides)
+            with self._overrides_lock:  # else a swap in between was undone by the older overrides
+                model.fresh = False
+                if self.overrides and callable(getattr(engine, "apply_overrides", None)):
+                    engine.apply_overrides(**self.overrides)
         return model, engine
 
     def _run(self, route: Route, request: CompletionRequest, cancel: threading.Event, spec: SpecConfig | None,
@@ -287,6 +308,7 @@ class Router:
         if limited and route.time_limit_s > 0:
             flag = Deadline(cancel, self.clock() + route.time_limit_s, self.clock)
         result = engine.complete(request, flag, spec=spec) if spec is not None else engine.complete(request, flag)
+        self._answered.model = model  # the last to answer; _line/_block set it again where they keep another
         timed_out = isinstance(flag, Deadline) and result.cancelled and flag.expired()
         if timed_out:
             model.bump("timeouts")
@@ -302,11 +324,13 @@ class Router:
         if (result.cancelled or block.model == line.model or self.confidence <= 0 or conf is None
                 or conf >= self.confidence):
             return result
-        self.models[line.model].bump("escalated")
         better, timed_out = self._run(block, request, cancel, spec, limited=True)
+        if better is not None:  # asked of the block model (not while it loads, or after it failed)
+            self.models[line.model].bump("escalated")
         if better is None or better.cancelled or not better.text.strip():
             if timed_out:
                 self.models[line.model].bump("kept_after_timeout")
+            self._answered.model = self.models[line.model]
             return result  # the fast line stands
         self.models[block.model].bump("answered_escalation")
         return better
@@ -314,6 +338,12 @@ class Router:
     def _block(self, request: CompletionRequest, cancel: threading.Event, spec: SpecConfig | None) -> CompletionResult:
         block, line = self.routes["block"], self.routes["line"]
         result, timed_out = self._run(block, request, cancel, spec, limited=block.model != line.model)
+        if result is not None and block.model != line.model and result.stop_reason == "error" \
+                and not result.cancelled and not result.text.strip():
+            # the block model failed this request (a remote route that is down answers "" with "error"):
+            # every block came back empty while the line model stood ready
+            self.models[block.model].bump("errors")
+            result = None
         if result is None:  # no block model: the line model writes the block
             result, _ = self._run(line, request, cancel, spec, limited=False)
             return result if result is not None else CompletionResult("", stop_reason="error")
@@ -326,6 +356,13 @@ class Router:
         self.models[line.model].bump("fallback_line")
         fast, _ = self._run(line, dataclasses.replace(request, mode="single-line"), cancel, spec, limited=False)
         return fast if fast is not None else dataclasses.replace(result, text="", cancelled=False, stop_reason="time")
+
+
+def _limit_ms(seconds: float) -> float | None:
+    """A route's time limit for status (JSON): None where it is none (TOML's inf or nan)."""
+    import math
+
+    return round(seconds * 1000, 1) if math.isfinite(seconds) else None
 
 
 def route_key(table: Mapping[str, Any]) -> str:

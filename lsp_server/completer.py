@@ -134,7 +134,8 @@ class Completer:
         return Completion(text, replace(shown, snippets=()), result, chunks, _timings(started, retrieved, total, result.stats))
 
     def shape(self, text: str, request: CompletionRequest) -> str:
-        template = getattr(self.engine, "template", None)  # a router or the fake engine has none: left to right
+        # a router gives the template of the model that wrote this answer; the fake engine has none: left to right
+        template = getattr(self.engine, "template", None)
         return postprocess.postprocess(text, request.prefix, request.suffix, request.mode, request.limits.max_lines,
                                        request.language, sees_line_rest=getattr(template, "order", "none") != "none")
 

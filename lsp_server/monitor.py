@@ -131,6 +131,11 @@ class Monitor:
         self.ladder: list[str | None] = [None] + [d for d in ("ngram", "none") if DRAFTER_RANK[d] < top]
         if top == 0:
             self.ladder = [None]
+        if base is None and self.actionable:
+            # an engine with one spec per model (engine.router.Router): the drafters are its models', some
+            # not loaded yet; a cap never raises a drafter, so the whole ladder is safe, and without it the
+            # acceptance rule never acted on a router's models at all ("n/a" at 0 % acceptance)
+            self.ladder = [None, "ngram", "none"]
         self._lock = threading.RLock()
         self._cancel = threading.Event()  # stops a self-check in flight on reset
         self.transitions: deque[dict[str, Any]] = deque(maxlen=max(1, MonitorConfig().transitions))
@@ -176,6 +181,9 @@ class Monitor:
         self.forgets = 0
 
     def _on_gpu(self) -> bool:
+        devices = getattr(self.engine, "devices", None)
+        if callable(devices):  # a router: its loaded models' targets (auto gamma was "CPU" for any router)
+            return any(kind not in ("cpu", "None") for kind in devices())
         device = getattr(getattr(self.engine, "target", None), "device", None)
         kind = getattr(device, "type", None) or str(device or "cpu")
         return kind not in ("cpu", "None")
