@@ -76,6 +76,18 @@ S.user_tab_fallback = function()
   end))
 end
 
+-- the classic recursive idiom (`imap`, not `inoremap`), whose rhs ends in its own key: with nothing
+-- shown, <Tab> inserts a Tab as it did before draftline, not E223 (recursive mapping)
+S.recursive_user_tab = function()
+  vim.cmd([[imap <expr> <Tab> pumvisible() ? "\<C-n>" : "\<Tab>"]])
+  H.setup({ settings = fake("return a + b") })
+  open_demo()
+  vim.api.nvim_feedkeys("A" .. vim.keycode("<Tab>") .. "x", "t", false)
+  H.wait(function() return vim.api.nvim_get_current_line():find("x") end, 5000)
+  H.w("line", vim.api.nvim_get_current_line())
+  H.w("messages", (vim.fn.execute("messages"):gsub("\n", " ")))
+end
+
 -- <C-]> hides what is shown; pressed while a request is in flight, its answer raises no error; the
 -- next keystroke asks again. The fake takes 0.1 s a character: its answer comes after the dismiss.
 S.dismiss = function()

@@ -47,6 +47,12 @@ def test_type_through_then_accept(tmp_path):
     assert int(res["accepted"]) >= 1
 
 
+def test_a_recursive_user_tab_map_still_inserts_a_tab(tmp_path):
+    res = session("recursive_user_tab", tmp_path)
+    assert res["line"] in ("    \tx", "        x"), res  # a Tab ('expandtab': spaces), not E223 and nothing
+    assert "E223" not in res["messages"], res
+
+
 def test_stale_suggestion_is_not_accepted(tmp_path):
     res = session("stale_accept", tmp_path)
     assert res["ghost"] == "return a + b"

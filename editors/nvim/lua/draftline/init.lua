@@ -37,7 +37,9 @@ function M.status(bufnr)
   local c = vim.lsp.get_clients({ name = "draftline", bufnr = bufnr })[1]
   if not c then return nil, M.why_not(bufnr) end
   local r, err = c:request_sync("draftline/status", vim.NIL, 3000, bufnr or 0)
-  if not r or r.err then return nil, "draftline/status: " .. tostring(err or (r.err and r.err.message)) end
+  if not r or r.err then -- r is nil with no err while the client is stopping
+    return nil, "draftline/status: " .. tostring(err or (r and r.err and r.err.message) or "the client is stopping")
+  end
   return r.result
 end
 
@@ -53,6 +55,14 @@ local function keep_fallback(bufnr, lhs, name)
     if vim.tbl_isempty(prev) or ours then
       vim.keymap.set("i", plug, lhs, { buffer = bufnr, desc = "draftline: fallback" }) -- the key's own meaning
     else
+      -- a recursive map whose keys hold its own key (`imap <expr> <Tab> pumvisible() ? "\<C-n>" : "\<Tab>"`)
+      -- relied on Vim not mapping an rhs's leading lhs again: under the <Plug> name that <Tab> would reach
+      -- draftline's map, which returns the <Plug> again (E223, recursive mapping). Such a map is kept
+      -- non-recursive (one that goes to another <Plug> needs remapping and keeps it).
+      local rhs = (prev.rhs or ""):lower()
+      if prev.noremap == 0 and rhs:find(lhs:lower(), 1, true) and not rhs:find("<plug>", 1, true) then
+        prev.noremap = 1
+      end
       prev.lhs, prev.lhsraw, prev.lhsrawalt, prev.buffer = plug, vim.keycode(plug), nil, 1
       vim.fn.mapset("i", false, prev)
     end
