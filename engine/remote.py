@@ -344,6 +344,7 @@ class _WatchedBackend(httpcore.NetworkBackend):
     def __init__(self) -> None:
         self._inner = httpcore.SyncBackend()
         self.watch: _Watch | None = None
+        self.lookups = _Lookups()
 
     def connect_tcp(self, host: str, port: int, timeout: float | None = None, local_address: str | None = None,
                     socket_options=None) -> _WatchedStream:
@@ -351,7 +352,8 @@ class _WatchedBackend(httpcore.NetworkBackend):
             inner = self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
         else:
             try:
-                inner = _SyncStream(_connect(host, port, timeout, local_address, socket_options, self.watch))
+                inner = _SyncStream(_connect(host, port, timeout, local_address, socket_options, self.watch,
+                                             self.lookups))
             except socket.timeout as exc:
                 raise httpcore.ConnectTimeout(str(exc)) from exc
             except OSError as exc:
@@ -369,53 +371,67 @@ class _WatchedBackend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-_LOOKUPS: dict[tuple[str, int], Future] = {}  # name lookups in flight, one per host and port
-_LOOKUPS_LOCK = threading.Lock()
+class _Lookups:
+    """socket.getaddrinfo, ended by a keystroke or the deadline: a name is looked up in a thread of its own
+    (a resolver that does not answer holds getaddrinfo ~5 s a try, which no socket shut can wake), and
+    requests made while it runs wait for that same lookup rather than start one each. An address
+    literal needs no resolver and is looked up in place."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: dict[tuple[str, int], Future] = {}  # lookups in flight, one per host and port
 
-def _lookup(host: str, port: int, watch: _Watch | None, end: float | None) -> list:
-    """socket.getaddrinfo, ended by a keystroke or the deadline: the lookup runs in a thread of its own (a
-    resolver that does not answer holds getaddrinfo ~5 s a try, which no socket shut can wake), and
-    requests made while it runs wait for that same lookup rather than start one each."""
-    key = (host, port)
-    with _LOOKUPS_LOCK:
-        future = _LOOKUPS.get(key)
-        if future is None:
-            future = _LOOKUPS[key] = Future()
-
-            def run(future: Future = future) -> None:
-                try:
-                    future.set_result(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
-                except BaseException as exc:  # gaierror included: the caller raises it as before
-                    future.set_exception(exc)
-                finally:
-                    with _LOOKUPS_LOCK:
-                        if _LOOKUPS.get(key) is future:
-                            del _LOOKUPS[key]
-
-            threading.Thread(target=run, name="draftline-remote-lookup", daemon=True).start()
-    while True:
-        if watch is not None and watch.fired:
-            raise OSError(errno.ECANCELED, f"name lookup ended: {watch.fired}")
-        left = CONNECT_POLL_S if end is None else min(CONNECT_POLL_S, end - time.monotonic())
-        if left <= 0:
-            raise socket.timeout("timed out")
+    def __call__(self, host: str, port: int, watch: _Watch | None, end: float | None) -> list:
         try:
-            return future.result(left)
-        except FutureTimeout:
-            if future.done():  # the lookup's own error (TimeoutError is FutureTimeout since 3.11)
-                raise
+            ipaddress.ip_address(host.split("%", 1)[0])  # an IPv6 literal may carry a zone (%eth0)
+        except ValueError:
+            pass
+        else:
+            return socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)
+        future = self._start(host, port)
+        while True:
+            if watch is not None and watch.fired:
+                raise OSError(errno.ECANCELED, f"name lookup ended: {watch.fired}")
+            left = CONNECT_POLL_S if end is None else min(CONNECT_POLL_S, end - time.monotonic())
+            if left <= 0:
+                raise socket.timeout("timed out")
+            try:
+                return future.result(left)
+            except FutureTimeout:
+                if future.done():  # the lookup's own error (TimeoutError is FutureTimeout since 3.11)
+                    raise
+
+    def _start(self, host: str, port: int) -> Future:
+        key = (host, port)
+        with self._lock:
+            future = self._running.get(key)
+            if future is not None:
+                return future
+            future = self._running[key] = Future()
+
+        def run() -> None:
+            try:
+                future.set_result(socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM))
+            except BaseException as exc:  # gaierror included: the caller raises it as before
+                future.set_exception(exc)
+            finally:
+                with self._lock:
+                    if self._running.get(key) is future:
+                        del self._running[key]
+
+        threading.Thread(target=run, name="draftline-remote-lookup", daemon=True).start()
+        return future
 
 
 def _connect(host: str, port: int, timeout: float | None, local_address: str | None, socket_options,
-             watch: _Watch | None) -> socket.socket:
+             watch: _Watch | None, lookups: _Lookups) -> socket.socket:
     """socket.create_connection as httpcore calls it, but the socket is the watcher's before it connects and
     connect() does not block: httpcore's blocked in connect() with no socket to shut, so a keystroke, a
     route's time limit or our deadline could not end a connect to a box that drops SYNs (down, firewalled,
-    its accept queue full): it waited for the whole timeout. The name lookup ends the same way (_lookup)."""
+    its accept queue full): it waited for the whole timeout. The name lookup ends the same way (_Lookups)."""
     end = None if timeout is None else time.monotonic() + timeout
     error: OSError | None = None
-    for family, kind, proto, _, address in _lookup(host, port, watch, end):
+    for family, kind, proto, _, address in lookups(host, port, watch, end):
         sock = socket.socket(family, kind, proto)
         try:
             for option in socket_options or ():
