@@ -167,7 +167,8 @@ The text replaces what the item's range covers (and what was typed over it)."
 
 (defun draftline--type-through (changes)
   "Keep the ghost text if CHANGES only typed its next characters; non-nil if kept."
-  (when (and changes draftline--ghost-before (overlay-buffer draftline--overlay))
+  ;; the overlay may be gone though it was shown when the command began (a minibuffer opened meanwhile)
+  (when (and changes draftline--ghost-before draftline--overlay (overlay-buffer draftline--overlay))
     (let* ((from (overlay-start draftline--overlay))
            (ghost (substring-no-properties (overlay-get draftline--overlay 'after-string)))
            (typed (- (point) from)))

@@ -155,6 +155,24 @@ def test_type_through_keeps_ghost_text(emacs_session):
     s.wait('(string= (buffer-substring-no-properties (point-min) (point-max)) "def add(a, b):\\n    ret\\n")')
 
 
+def test_an_edit_through_the_minibuffer_keeps_ghost_text_working(emacs_session):
+    """M-x transpose-chars while ghost text is shown: the minibuffer's window change clears the ghost,
+    then the command edits. That raised in post-command-hook (an overlay of nil), and Emacs took the hook
+    off: the buffer never asked for ghost text again."""
+    s = emacs_session()
+    goto_line_end(s, 2)
+    s.keys("r")
+    assert s.wait(s.ghost()) == '"eturn a + b"'
+    s.keys("\x1bx")  # M-x
+    s.wait("(minibufferp (window-buffer (selected-window)))")
+    s.keys("transpose-chars\r")
+    s.wait('(looking-back "r " (line-beginning-position))')
+    assert s.buf("(and (memq 'draftline--post-command post-command-hook) t)") == "t", s.messages()[-600:]
+    assert "Error in post-command-hook" not in s.messages()
+    s.keys("x")  # typing asks again
+    assert s.wait(s.ghost()) == '"eturn a + b"'
+
+
 def test_tab_indents_when_the_ghost_text_went_stale(emacs_session):
     """A change made outside a command (a process filter, auto-revert, another client) leaves the shown
     item stale: TAB must not insert it (at a range that now points elsewhere) but indent as usual."""
