@@ -71,7 +71,7 @@ def _train(args: argparse.Namespace) -> int:
     except ValueError as exc:  # a refused setting (--resume without a checkpoint, an unknown --size): said, not a traceback
         print(f"draftline train: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # before the first step or while saving: nothing new was saved
+    except KeyboardInterrupt:  # before the first step (nothing saved) or while saving (some files new, each whole)
         print("draftline train: interrupted", file=sys.stderr)
         return 130
     if result.get("interrupted"):

@@ -169,7 +169,9 @@ def test_the_monitor_swap_is_not_undone_by_a_fresh_models_older_overrides():
     assert entered.wait(20)  # the engine thread is handing the block model {"drafter": "ngram"}
     swap = threading.Thread(target=lambda: r.apply_overrides(drafter="none"))  # the monitor steps down again
     swap.start()
-    swap.join(0.3)  # with the lock it waits for the hand-over; without, it is done before it
+    # with the lock it waits for the hand-over (this join times out: never a false failure); without, it is
+    # done before it, given 2 s: only a machine that gives a thread no time in 2 s lets that pass unseen
+    swap.join(2.0)
     release.set()
     worker.join(20)
     swap.join(20)
