@@ -19,6 +19,9 @@ _NAME_LEAVES = frozenset(
     {"identifier", "field_identifier", "type_identifier", "qualified_identifier", "destructor_name",
      "operator_name", "property_identifier", "namespace_identifier", "scoped_identifier"}
 )
+_JS_FUNCTION_VALUES = frozenset({"arrow_function", "function_expression", "function", "generator_function"})
+_C_DECLARATIONS = frozenset({"declaration", "field_declaration"})  # C/C++ prototypes (assignments of those specs)
+_ATTRIBUTES = frozenset({"attribute_item"})  # Rust ``#[derive(..)]``: belongs to the item below, like a doc comment
 _MAX_DESCENT = 4  # how deep to look through non-definition statements (if/try/#ifdef) for definitions
 TREE_CACHE = 8  # syntax trees kept for incremental re-parsing of the files edited last
 
@@ -73,6 +76,9 @@ def definition_name(node: Node) -> str | None:
             if child.type in ("type_spec", "type_alias"):
                 return _text(child.child_by_field_name("name"))
         return None
+    if node.type in ("lexical_declaration", "variable_declaration"):  # JS/TS: const f = () => {...}
+        declarator = _function_declarator(node)
+        return _text(declarator.child_by_field_name("name")) if declarator is not None else None
     if node.type == "impl_item":  # Rust: impl [Trait for] Type
         return _text(node.child_by_field_name("type"))
     declarator = node.child_by_field_name("declarator")
@@ -81,15 +87,45 @@ def definition_name(node: Node) -> str | None:
     return None
 
 
-def _assigned_names(node: Node) -> list[tuple[str, str]]:
-    """(name, kind) pairs defined by a module- or class-level assignment statement."""
-    out: list[tuple[str, str]] = []
+def _function_declarator(node: Node) -> Node | None:
+    """JS/TS: the declarator of ``const f = () => {...}`` (one declarator, a function value), else None."""
+    declarators = [c for c in node.named_children if c.type == "variable_declarator"]
+    if len(declarators) != 1:
+        return None
+    name = declarators[0].child_by_field_name("name")
+    value = declarators[0].child_by_field_name("value")
+    if name is None or name.type != "identifier" or value is None or value.type not in _JS_FUNCTION_VALUES:
+        return None
+    return declarators[0]
+
+
+def _prototype_name(node: Node) -> str | None:
+    """C/C++: the name a declaration declares as a function (``T *f(int);``, ``double area() const;``), else None."""
+    declarator = node.child_by_field_name("declarator")
+    for _ in range(8):
+        if declarator is None:
+            return None
+        if declarator.type == "function_declarator":
+            inner = declarator.child_by_field_name("declarator")
+            if inner is None or inner.type == "parenthesized_declarator":  # int (*fp)(int): a variable
+                return None
+            return _declarator_name(inner)
+        if declarator.type not in ("pointer_declarator", "reference_declarator"):
+            return None
+        declarator = declarator.child_by_field_name("declarator") or next(
+            (c for c in declarator.named_children if c.type.endswith("declarator")), None)
+    return None
+
+
+def _assigned_names(node: Node) -> list[tuple[str, str, Node]]:
+    """(name, kind, the node whose lines it spans) defined by a module- or class-level assignment statement."""
+    out: list[tuple[str, str, Node]] = []
     if node.type == "expression_statement":  # Python
         for child in node.named_children:
             if child.type == "assignment":
                 left = child.child_by_field_name("left")
                 if left is not None and left.type == "identifier":
-                    out.append((_text(left) or "", "variable"))
+                    out.append((_text(left) or "", "variable", node))
     elif node.type in ("lexical_declaration", "variable_declaration"):  # JS/TS
         for child in node.named_children:
             if child.type == "variable_declarator":
@@ -97,12 +133,34 @@ def _assigned_names(node: Node) -> list[tuple[str, str]]:
                 value = child.child_by_field_name("value")
                 if name is not None and name.type == "identifier":
                     is_fn = value is not None and value.type in ("arrow_function", "function_expression", "function")
-                    out.append((_text(name) or "", "function" if is_fn else "variable"))
+                    out.append((_text(name) or "", "function" if is_fn else "variable", node))
     elif node.type in ("const_declaration", "var_declaration"):  # Go
+        specs = [c for c in node.named_children if c.type in ("const_spec", "var_spec")]
         for spec in node.named_children:
+            if spec.type == "var_spec_list":  # var ( ... )
+                specs += [c for c in spec.named_children if c.type == "var_spec"]
+        for spec in specs:
+            # each name spans its own spec's lines (``Zero Cents = 0``), not the whole ``const (...)`` group
+            where = node if len(specs) == 1 else spec
             for name in spec.children_by_field_name("name"):
-                out.append((_text(name) or "", "constant" if node.type == "const_declaration" else "variable"))
-    return [(n, k) for n, k in out if n]
+                out.append((_text(name) or "", "constant" if node.type == "const_declaration" else "variable", where))
+    elif node.type in ("public_field_definition", "field_definition"):  # TS/JS class fields (not private ones)
+        name = node.child_by_field_name("name") or node.child_by_field_name("property")
+        private = any(c.type == "accessibility_modifier" and _text(c) == "private" for c in node.children)
+        if name is not None and name.type == "property_identifier" and not private:
+            value = node.child_by_field_name("value")
+            is_fn = value is not None and value.type in _JS_FUNCTION_VALUES
+            out.append((_text(name) or "", "method" if is_fn else "variable", node))
+    elif node.type == "field_declaration" and any(c.type == "variable_declarator" for c in node.named_children):
+        modifiers = next((c for c in node.named_children if c.type == "modifiers"), None)  # Java fields
+        if modifiers is None or "private" not in (_text(modifiers) or "").split():
+            for declarator in node.children_by_field_name("declarator"):
+                out.append((_text(declarator.child_by_field_name("name")) or "", "variable", node))
+    elif node.type in _C_DECLARATIONS:  # C/C++ prototypes: a header's API
+        name = _prototype_name(node)
+        if name:
+            out.append((name, "function", node))
+    return [(n, k, w) for n, k, w in out if n]
 
 
 @dataclass
@@ -236,18 +294,20 @@ class _FileBuilder:
         spec = self.spec
         for child in node.named_children:
             t = child.type
-            if t in spec.definitions:
+            if t in spec.definitions or self._function_value(child):
                 out.append((child, child))
             elif t in spec.wrappers:
                 inner = child.child_by_field_name("definition") or child.child_by_field_name("declaration")
                 if inner is None:
                     inner = next((c for c in child.named_children if c.type in spec.definitions), None)
-                if inner is not None and inner.type in spec.definitions:
+                if inner is not None and (inner.type in spec.definitions or self._function_value(inner)):
                     out.append((inner, child))
                 elif depth < _MAX_DESCENT:
                     self._collect(child, depth + 1, out)
             elif t in spec.assignments:
                 self._assignments(child)
+                if t in _C_DECLARATIONS and depth < _MAX_DESCENT and child.end_point.row > child.start_point.row:
+                    self._collect(child, depth + 1, out)  # struct s { ... } x;: the struct is a definition
             elif (
                 depth < _MAX_DESCENT
                 and child.end_point.row > child.start_point.row
@@ -255,16 +315,33 @@ class _FileBuilder:
             ):
                 self._collect(child, depth + 1, out)
 
+    def _function_value(self, node: Node) -> bool:
+        """A multi-line ``const f = () => {...}`` (JS/TS): a function definition, chunked whole under its name.
+        (A one-line one stays in the module's chunk, with its symbol.)"""
+        return (node.type in ("lexical_declaration", "variable_declaration") and node.type in self.spec.assignments
+                and node.end_point.row > node.start_point.row and _function_declarator(node) is not None)
+
+    def _kind(self, node: Node) -> str:
+        return self.spec.definitions.get(node.type) or "function"  # else a function-valued declaration
+
     def _assignments(self, node: Node) -> None:
-        for name, kind in _assigned_names(node):
-            sym = Symbol(name, kind, self.path, node.start_point.row + 1, node.end_point.row + 1, self._ctx_name)
-            self._pending_assign.append((sym, node.start_point.row))
+        for name, kind, where in _assigned_names(node):
+            if kind == "function" and self._ctx_name and self._container_kind in ("class", "struct", "interface"):
+                kind = "method"  # a C++ member function declared in its class
+            sym = Symbol(name, kind, self.path, where.start_point.row + 1, where.end_point.row + 1, self._ctx_name)
+            self._pending_assign.append((sym, where.start_point.row))
 
     def _leading_comment_start(self, outer: Node) -> int:
+        """The first row of the comments (and Rust attributes) right above ``outer``."""
         row = outer.start_point.row
         prev = outer.prev_named_sibling
-        while prev is not None and "comment" in prev.type and prev.end_point.row == row - 1:
-            row = prev.start_point.row
+        while prev is not None and ("comment" in prev.type or prev.type in _ATTRIBUTES):
+            end = prev.end_point.row
+            if end > prev.start_point.row and prev.end_point.column == 0:
+                end -= 1  # a Rust line comment ends at the start of the next line
+            if end not in (row - 1, row):
+                break
+            row = min(row, prev.start_point.row)
             prev = prev.prev_named_sibling
         return row
 
@@ -298,7 +375,7 @@ class _FileBuilder:
             self._definition(definition, span, ctx, depth)
 
     def _definition(self, node: Node, span: _Span, ctx: list[str], depth: int) -> None:
-        kind = self.spec.definitions[node.type]
+        kind = self._kind(node)
         name = definition_name(node)
         if kind == "function" and ctx and self._container_kind in ("class", "interface", "impl", "trait"):
             kind = "method"

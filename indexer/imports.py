@@ -3,14 +3,16 @@
 `parse_imports` reads the import statements of Python, JavaScript/TypeScript, Go, Rust, Java and
 C/C++ into `Import` records: the module as written, the name taken from it (``None`` when the
 module itself is bound, as in ``import m`` or a Go package), and the name bound in the file.
-`resolve` turns one record into workspace files by looking the indexed paths up in a `FileTable`, so it needs no disk access and sees unsaved buffers the
-index holds. Modules outside the workspace (the standard library, node_modules, crates) resolve to
+`resolve` turns one record into workspace files by looking the indexed paths up in a `FileTable`; only a
+re-exporting file (a JS/TS barrel, a Rust `pub use`) is read, through the table (an unsaved buffer the index
+holds first, else the disk). Modules outside the workspace (the standard library, node_modules, crates) resolve to
 nothing, which is what the callers want.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,13 +27,43 @@ _JS_EXTS = (".ts", ".tsx", ".js", ".jsx", ".mjs", ".cjs", ".mts", ".cts")
 
 
 class FileTable:
-    """The workspace's file paths by file name and by directory name (what resolution looks up)."""
+    """The workspace's file paths by file name and by directory name (what resolution looks up), and the
+    text of the files resolution reads (re-exports): ``overlay(path)`` gives an unsaved buffer's, else
+    the disk's, kept while the file's mtime and size stay."""
 
-    def __init__(self, paths: Sequence[str] = ()):
+    MAX_READ = 256_000  # a larger file is not read for its re-exports
+    MAX_TEXTS = 256
+
+    def __init__(self, paths: Sequence[str] = (), overlay: Callable[[str], str | None] | None = None):
         self._named: dict[str, set[str]] = {}
         self._dirs: dict[str, set[str]] = {}
+        self._overlay = overlay
+        self._texts: dict[str, tuple[tuple[int, int], str]] = {}  # path -> ((mtime_ns, size), text)
+        self._texts_lock = threading.Lock()  # the index's worker and the completer's context both resolve
         for p in paths:
             self.add(p)
+
+    def text(self, path: str) -> str | None:
+        if self._overlay is not None and (text := self._overlay(path)) is not None:
+            return text
+        try:
+            st = os.stat(path)
+            if st.st_size > self.MAX_READ:
+                return None
+            key = (st.st_mtime_ns, st.st_size)
+            with self._texts_lock:
+                hit = self._texts.get(path)
+            if hit is not None and hit[0] == key:
+                return hit[1]
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            return None
+        with self._texts_lock:
+            self._texts[path] = (key, text)
+            if len(self._texts) > self.MAX_TEXTS:
+                self._texts.pop(next(iter(self._texts)))
+        return text
 
     def add(self, path: str) -> None:
         self._named.setdefault(os.path.basename(path), set()).add(path)
@@ -134,8 +166,17 @@ def _js(node: Node, out: list[Import]) -> None:
                     args = value.child_by_field_name("arguments")
                     strings = [c for c in args.children if c.type == "string"] if args is not None else []
                     target = decl.child_by_field_name("name")
-                    if strings and target is not None and target.type == "identifier":
-                        out.append(Import(_text(strings[0]).strip("'\"`"), None, _text(target), line))
+                    source = _text(strings[0]).strip("'\"`") if strings else ""
+                    if source and target is not None and target.type == "identifier":
+                        out.append(Import(source, None, _text(target), line))
+                    elif source and target is not None and target.type == "object_pattern":
+                        for part in target.named_children:  # const { a, b: c } = require('./m')
+                            if part.type == "shorthand_property_identifier_pattern":
+                                out.append(Import(source, _text(part), _text(part), line))
+                            elif part.type == "pair_pattern":
+                                key, value = part.child_by_field_name("key"), part.child_by_field_name("value")
+                                if key is not None and value is not None and value.type == "identifier":
+                                    out.append(Import(source, _text(key).strip("'\"`"), _text(value), line))
         return
     source = _text(node.child_by_field_name("source")).strip("'\"`")
     if not source:
@@ -263,9 +304,10 @@ def resolve(imp: Import, path: str, files: FileTable) -> list[str]:
     if language in ("javascript", "typescript", "tsx"):
         if not imp.module.startswith("."):
             return []  # a package from node_modules
-        base = os.path.normpath(os.path.join(here, imp.module))
-        want = [base + e for e in ("",) + _JS_EXTS] + [os.path.join(base, "index" + e) for e in _JS_EXTS]
-        return [w for w in want if w in files][:1]
+        found = _resolve_js_file(imp.module, here, files)
+        if found and imp.name not in (None, "*", "default"):
+            return [_follow_js(imp.name, found[0], files, 0)[0]]
+        return found
     if language == "go":
         parts = imp.module.strip("/").split("/")
         for n in range(len(parts), 0, -1):  # the longest tail of the import path that is a workspace directory
@@ -275,7 +317,10 @@ def resolve(imp: Import, path: str, files: FileTable) -> list[str]:
                 return _best(found, path)
         return []
     if language == "rust":
-        return _resolve_rust(imp, os.path.abspath(path), files)
+        found = _resolve_rust(imp, os.path.abspath(path), files)
+        if found and imp.name not in (None, "*"):
+            return [_follow_rust(imp.name, found[0], files, 0)[0]]
+        return found
     if language == "java":
         rel = imp.module.replace(".", "/")
         if imp.name and imp.name != "*":
@@ -373,3 +418,104 @@ def _resolve_rust(imp: Import, path: str, files: FileTable) -> list[str]:
         if t in files:
             return [t]
     return []
+
+
+# ---- re-exports ---------------------------------------------------------------
+# ``import { X } from "./models"`` names models/index.ts, which only re-exports X (``export { X } from "./x"``,
+# ``export * from "./x"``); ``use crate::storage::Writer`` names storage/mod.rs (``pub use segment::Writer;``).
+# The definition is in the file re-exported: resolution follows such re-exports (a few levels), reading the
+# re-exporting file through the FileTable (an unsaved buffer the index holds, else the disk).
+_MAX_HOPS = 4
+def _root(text: str, path: str) -> Node | None:
+    language = language_of(path)
+    parser = _parser(language, path) if language else None
+    return parser.parse(text.encode("utf-8", "replace")).root_node if parser is not None else None
+
+
+def _resolve_js_file(module: str, here: str, files: FileTable) -> list[str]:
+    base = os.path.normpath(os.path.join(here, module))
+    want = [base + e for e in ("",) + _JS_EXTS] + [os.path.join(base, "index" + e) for e in _JS_EXTS]
+    return [w for w in want if w in files][:1]
+
+
+def _js_reexports(root: Node) -> list[tuple[str, str, str]]:
+    """(source, name in the source, name exported) of a JS/TS file's ``export ... from`` statements;
+    ``export * from`` gives ("*", "*")."""
+    out: list[tuple[str, str, str]] = []
+    for node in root.children:
+        source = node.child_by_field_name("source") if node.type == "export_statement" else None
+        if source is None:
+            continue
+        module = _text(source).strip("'\"`")
+        for part in node.children:
+            if part.type == "*":
+                out.append((module, "*", "*"))
+            elif part.type == "export_clause":
+                for spec in part.children:
+                    if spec.type == "export_specifier":
+                        name = _text(spec.child_by_field_name("name"))
+                        out.append((module, name, _text(spec.child_by_field_name("alias")) or name))
+    return out
+
+
+def _declares_js(text: str, name: str) -> bool:
+    import re
+
+    return re.search(r"(?m)^[ \t]*(?:export\s+)?(?:default\s+)?(?:declare\s+)?(?:abstract\s+)?(?:async\s+)?"
+                     r"(?:class|function\*?|const|let|var|interface|type|enum|namespace)\s+" + re.escape(name) + r"\b",
+                     text) is not None
+
+
+def _follow_js(name: str, target: str, files: FileTable, hops: int) -> tuple[str, bool]:
+    """The file that defines ``name`` imported from ``target`` (through its re-exports), and whether that is
+    known (a re-export names it, or the file declares it); ``target`` itself when nothing better is found."""
+    text = files.text(target) if hops < _MAX_HOPS else None
+    if text is None:
+        return target, False
+    if _declares_js(text, name):
+        return target, True
+    root = _root(text, target)
+    exports = _js_reexports(root) if root is not None else []
+    here = os.path.dirname(os.path.abspath(target))
+    for source, original, exported in exports:
+        if exported == name and source.startswith("."):
+            found = _resolve_js_file(source, here, files)
+            if found:
+                return (_follow_js(original, found[0], files, hops + 1)[0] if original != "default" else found[0]), True
+    for source, original, _ in exports:
+        if original == "*" and source.startswith("."):
+            found = _resolve_js_file(source, here, files)
+            if found:
+                got, sure = _follow_js(name, found[0], files, hops + 1)
+                if sure:
+                    return got, True
+    return target, False
+
+
+def _follow_rust(name: str, target: str, files: FileTable, hops: int) -> tuple[str, bool]:
+    """The file that defines ``name`` imported from the module file ``target`` (through its ``pub use``), and
+    whether that is known; ``target`` itself when nothing better is found."""
+    import re
+
+    text = files.text(target) if hops < _MAX_HOPS else None
+    if text is None:
+        return target, False
+    if re.search(r"\b(?:struct|enum|union|trait|fn|type|const|static|mod|macro_rules!)\s+" + re.escape(name) + r"\b", text):
+        return target, True
+    root = _root(text, target)
+    uses: list[Import] = []
+    for node in root.children if root is not None else ():
+        if node.type == "use_declaration" and any(c.type == "visibility_modifier" for c in node.children):
+            _rust_use(node.child_by_field_name("argument"), "", node.start_point[0] + 1, uses)
+    for imp in sorted(uses, key=lambda i: i.name == "*"):  # a named re-export before a wildcard
+        if imp.alias == name or imp.name == "*":
+            found = _resolve_rust(imp, os.path.abspath(target), files)
+            if not found or found[0] == target:
+                continue
+            if imp.name == "*":
+                got, sure = _follow_rust(name, found[0], files, hops + 1)
+                if sure:
+                    return got, True
+            else:
+                return (_follow_rust(imp.name, found[0], files, hops + 1)[0] if imp.name else found[0]), True
+    return target, False

@@ -33,7 +33,7 @@ BUILD_COMMIT_S = 2.0  # during build(), make BM25 additions searchable at most t
 _DEFAULT = object()
 # Part of the store's content fingerprint: bump it when a change to chunker.py or files.py changes
 # what an unchanged file yields (chunks, symbols, skips), so that existing caches are rebuilt.
-CHUNKER_VERSION = "2"  # 2: a notebook (.ipynb) is its code cells, not its JSON
+CHUNKER_VERSION = "3"  # 2: a notebook (.ipynb) is its code cells, not its JSON; 3: more languages' symbols and named chunks
 
 
 def content_fingerprint(config: IndexConfig) -> str:
@@ -86,8 +86,9 @@ class Index:
         self._chars = 0
         self._symbol_count = 0
         self._digests: dict[str, str] = {}
-        self.files = FileTable()  # indexed paths by file and directory name (import resolution)
         self._overlays: dict[str, str] = {}
+        # indexed paths by file and directory name (import resolution), reading re-exports' unsaved text first
+        self.files = FileTable(overlay=self._overlays.get)
         # remove()d paths not yet applied: a later touch of the same path (a file moved in under a
         # directory's name) replaces the worker's remove request, not what was under the directory
         self._removed: set[str] = set()

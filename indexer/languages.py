@@ -53,7 +53,7 @@ _TS_DEFS = {
 }
 _JS_CONTAINERS = frozenset({"class_declaration", "abstract_class_declaration", "interface_declaration"})
 _JS_WRAPPERS = frozenset({"export_statement"})
-_JS_ASSIGN = frozenset({"lexical_declaration", "variable_declaration"})
+_JS_ASSIGN = frozenset({"lexical_declaration", "variable_declaration", "field_definition", "public_field_definition"})
 _C_DEFS = {
     "function_definition": "function",
     "struct_specifier": "struct",
@@ -146,12 +146,14 @@ LANGUAGES: tuple[LanguageSpec, ...] = (
             "constructor_declaration": "method",
         },
         containers=frozenset({"class_declaration", "interface_declaration", "enum_declaration", "record_declaration"}),
+        assignments=frozenset({"field_declaration"}),  # fields (not private ones): the digest's class stubs
     ),
     LanguageSpec(
         "c",
         "tree_sitter_c",
         extensions=(".c", ".h"),
         definitions=_C_DEFS,
+        assignments=frozenset({"declaration"}),  # function prototypes (a header's API) name symbols
     ),
     LanguageSpec(
         "cpp",
@@ -160,6 +162,7 @@ LANGUAGES: tuple[LanguageSpec, ...] = (
         definitions=_CPP_DEFS,
         containers=frozenset({"class_specifier", "struct_specifier", "namespace_definition"}),
         wrappers=frozenset({"template_declaration"}),
+        assignments=frozenset({"declaration", "field_declaration"}),  # prototypes, member function declarations
     ),
 )
 
