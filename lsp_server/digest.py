@@ -92,10 +92,25 @@ def import_region(text: str) -> str:
     if last is None:
         return ""
     end = text.find("\n", last.end())
-    # a parenthesised import goes on: take the lines up to the next one that starts at column 0
-    while end >= 0 and end + 1 < len(text) and text[end + 1] in " \t)]}":
-        end = text.find("\n", end + 1)
+    # a parenthesised import goes on: take the lines up to the next one that starts at column 0, blank
+    # lines included while its parenthesis is open (gofmt groups a Go import block with blank lines)
+    while end >= 0 and end + 1 < len(text):
+        nxt = end + 1
+        if text[nxt] == "\n" and _open_parens(text[last.start() : nxt]) > 0:
+            while nxt < len(text) and text[nxt] == "\n":
+                nxt += 1
+            if nxt < len(text) and text[nxt] in " \t)]}":
+                end = nxt - 1
+                continue
+            break
+        if text[nxt] not in " \t)]}":
+            break
+        end = text.find("\n", nxt)
     return text if end < 0 else text[: end + 1]
+
+
+def _open_parens(text: str) -> int:
+    return text.count("(") - text.count(")")
 
 
 class ImportCache:

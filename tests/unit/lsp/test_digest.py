@@ -222,6 +222,15 @@ def test_import_region_covers_parenthesised_imports():
     assert import_region("x = 1\n") == ""
 
 
+def test_import_region_goes_on_across_blank_lines_in_an_open_import_block():
+    """gofmt groups a Go import block with blank lines: the names after one were left out (no digest)."""
+    go = 'package main\n\nimport (\n\t"fmt"\n\n\tb "x/billing"\n)\n\nfunc main() {\n\tb.Charge()\n}\n'
+    assert import_region(go) == 'package main\n\nimport (\n\t"fmt"\n\n\tb "x/billing"\n)\n'
+    # a closed one still ends at its last line: blank lines and an indented body after it are not imports
+    py = "import os\nfrom a import (\n    x,\n)\n\n    \ndef f():\n    import json\n\n    return 1\n"
+    assert import_region(py) == "import os\nfrom a import (\n    x,\n)\n\n    \ndef f():\n    import json\n"
+
+
 def test_completer_puts_the_digest_first_and_keeps_it_while_typing(ws):
     root, index = ws
     seen = []
