@@ -311,8 +311,9 @@ class Digest:
             tops = [s for s in symbols if s.container is None and not s.name.startswith("_")]
             # definitions before constants, each group in file order
             tops = [s for s in tops if s.kind != "variable"] + [s for s in tops if s.kind == "variable"]
-            if name == "default":  # JS default export: the file's main definition, if it has one
-                tops = tops[:1]
+            if name == "default":  # JS default export: the definition marked so, else the file's main one
+                marked = [s for s in tops if self._exported_default(s)]
+                tops = (marked or tops)[:1]
             return self._module_entry(imp, target, tops[:MAX_MODULE_NAMES], python)
         found = [s for s in symbols if s.name == name and s.container is None] or [s for s in symbols if s.name == name]
         if not found:
@@ -379,6 +380,11 @@ class Digest:
             return None
         first = min(s.start_line for s in tops)
         return Entry(target, "\n".join(out), first, max(s.end_line for s in tops), imp.alias, "module")
+
+    def _exported_default(self, sym: Any) -> bool:
+        """Is ``sym`` declared ``export default ...`` (JS/TS)?"""
+        lines, start = self._lines(sym)
+        return lines is not None and re.match(r"\s*export\s+default\b", lines[start]) is not None
 
     def _lines(self, sym: Any) -> tuple[list[str] | None, int]:
         chunk = self.retriever.chunk(sym.chunk_id) if sym.chunk_id >= 0 else None

@@ -321,3 +321,20 @@ def test_the_generation_waits_for_edits_elsewhere_not_for_the_file_being_typed(w
 def test_a_file_importing_nothing_of_the_workspace_gets_no_digest(ws):
     root, index = ws
     assert entries(index, root, "import os\nimport json\n\nx = ") == []
+
+
+def test_a_js_default_import_shows_the_default_export_not_the_first_definition(tmp_path):
+    root = tmp_path / "ws"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / "inventory.ts").write_text(
+        "export class InventoryLedger {\n  count(): number { return 0; }\n}\n\n"
+        "export default function createLedger(owner: string): InventoryLedger {\n  return new InventoryLedger();\n}\n")
+    (root / "app.ts").write_text("")
+    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
+    index.build()
+    try:
+        head = 'import makeLedger from "./models/inventory";\n\n'
+        got = Digest(index).entries(str(root / "app.ts"), head, "", [], cursor_hint("const l = "))
+        assert [e.text for e in got] == ["export default function createLedger(owner: string): InventoryLedger;"], got
+    finally:
+        index.close()
