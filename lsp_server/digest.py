@@ -361,7 +361,8 @@ class Digest:
                 continue
             decorators, sig = one_line(header(mlines, mstart, python)[0])
             if sig:
-                out += decorators + [_cap(sig) + (" ..." if python else ";")]
+                # a declaration without a body (a Rust trait's, a C++ class's) has its own ";" already
+                out += decorators + [_cap(sig) + (" ..." if python else ("" if sig.endswith(";") else ";"))]
         return fields, out
 
     def _module_entry(self, imp: Import, target: str, tops: Sequence[Any], python: bool) -> Entry | None:

@@ -338,3 +338,19 @@ def test_a_js_default_import_shows_the_default_export_not_the_first_definition(t
         assert [e.text for e in got] == ["export default function createLedger(owner: string): InventoryLedger;"], got
     finally:
         index.close()
+
+
+def test_a_rust_trait_methods_declaration_keeps_one_semicolon(tmp_path):
+    root = tmp_path / "ws"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "store.rs").write_text(
+        "pub trait Compactor {\n    fn compact(&mut self, level: u32) -> usize;\n    fn name(&self) -> &str {\n        \"c\"\n    }\n}\n")
+    (root / "src" / "main.rs").write_text("mod store;\n")
+    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
+    index.build()
+    try:
+        head = "mod store;\nuse crate::store::Compactor;\n\n"
+        got = Digest(index).entries(str(root / "src" / "main.rs"), head, "", [], cursor_hint("let c: "))
+        assert got and ";;" not in got[0].text and "fn compact(&mut self, level: u32) -> usize;" in got[0].text, got
+    finally:
+        index.close()
