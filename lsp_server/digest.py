@@ -340,7 +340,10 @@ class Digest:
     def _members(self, cls: Any, symbols: Sequence[Any], python: bool) -> tuple[list[str], list[str]]:
         """(fields, method signatures) of a class, one line each; the constructor first among the methods."""
         inside = [s for s in symbols if s.container == cls.name and s.start_line > cls.start_line and s.end_line <= cls.end_line]
-        fields: list[str] = []
+        rust = cls.path.endswith(".rs")
+        if rust and cls.kind in _RUST_IMPL_TYPES:  # its methods are in `impl` blocks elsewhere in the file
+            inside += [s for s in symbols if s.container == cls.name and s.kind == "method" and s not in inside]
+        fields: list[str] = self._rust_fields(cls) if rust and cls.kind == "struct" else []
         for f in inside:
             if f.kind == "variable" and not f.name.startswith("_") and len(fields) < MAX_FIELDS:
                 lines, start = self._lines(f)
@@ -382,6 +385,17 @@ class Digest:
         first = min(s.start_line for s in tops)
         return Entry(target, "\n".join(out), first, max(s.end_line for s in tops), imp.alias, "module")
 
+    def _rust_fields(self, cls: Any) -> list[str]:
+        """A Rust struct's `pub` fields, one line each (fields are not symbols)."""
+        lines, start = self._lines(cls)
+        if lines is None:
+            return []
+        out = []
+        for line in lines[start + 1 : start + 1 + cls.end_line - cls.start_line]:
+            if _RUST_PUB_FIELD.match(line) and len(out) < MAX_FIELDS:
+                out.append(_cap(_code(line).strip()))
+        return out
+
     def _exported_default(self, sym: Any) -> bool:
         """Is ``sym`` declared ``export default ...`` (JS/TS)?"""
         lines, start = self._lines(sym)
@@ -396,6 +410,10 @@ class Digest:
         if not 0 <= start < len(lines):
             return None, 0
         return lines, start
+
+
+_RUST_IMPL_TYPES = ("struct", "enum", "union", "type")
+_RUST_PUB_FIELD = re.compile(r"\s*pub(\([^)]*\))?\s+\w+\s*:")
 
 
 def _one_line(line: str) -> str:

@@ -354,3 +354,25 @@ def test_a_rust_trait_methods_declaration_keeps_one_semicolon(tmp_path):
         assert got and ";;" not in got[0].text and "fn compact(&mut self, level: u32) -> usize;" in got[0].text, got
     finally:
         index.close()
+
+
+def test_a_rust_structs_stub_has_its_pub_fields_and_its_impl_methods(tmp_path):
+    """A struct's methods live in `impl` blocks outside its lines, and its fields are not symbols: the stub
+    was `pub struct SegmentWriter {}`, empty."""
+    root = tmp_path / "ws"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "seg.rs").write_text(
+        "pub struct SegmentWriter {\n    pub path: String,\n    count: usize,\n}\n\nimpl SegmentWriter {\n"
+        "    pub fn new(path: &str) -> Self {\n        SegmentWriter { path: path.to_string(), count: 0 }\n    }\n\n"
+        "    pub fn write(&mut self, data: &[u8]) -> usize {\n        data.len()\n    }\n}\n")
+    (root / "src" / "main.rs").write_text("mod seg;\n")
+    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
+    index.build()
+    try:
+        head = "mod seg;\nuse crate::seg::SegmentWriter;\n\nfn main() {\n"
+        (entry,) = Digest(index).entries(str(root / "src" / "main.rs"), head, "", [], cursor_hint("    let w = "))
+        assert entry.text.split("\n") == ["pub struct SegmentWriter {", "    pub path: String,",
+                                          "    pub fn new(path: &str) -> Self;",
+                                          "    pub fn write(&mut self, data: &[u8]) -> usize;", "}"], entry.text
+    finally:
+        index.close()
