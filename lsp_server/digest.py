@@ -540,7 +540,9 @@ def _statement_lines(lines: Sequence[str], starts: Sequence[int]) -> set[int]:
 def _is_module_file(target: str, name: str | None, module: str = "") -> bool:
     """Is ``target`` the module ``name`` itself (``from pkg import mod``), not a module defining ``name``
     (``from .mod import mod``)?"""
-    stem = os.path.splitext(os.path.basename(target))[0]
+    stem, ext = os.path.splitext(os.path.basename(target))
+    if ext == ".java":  # a Java file is named after its class: `import a.b.Parcel;` names the class, not a module
+        return False
     if module.replace("/", ".").rstrip(".").split(".")[-1] == name:
         return False
     return bool(name) and (stem == name or (stem in ("__init__", "index", "mod") and os.path.basename(os.path.dirname(target)) == name))

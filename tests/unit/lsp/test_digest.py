@@ -376,3 +376,26 @@ def test_a_rust_structs_stub_has_its_pub_fields_and_its_impl_methods(tmp_path):
                                           "    pub fn write(&mut self, data: &[u8]) -> usize;", "}"], entry.text
     finally:
         index.close()
+
+
+def test_a_java_class_import_shows_the_class_not_a_module_stub(tmp_path):
+    """Parcel.java is named after its class: the import was taken for a module, and the stub was the bare
+    `public final class Parcel;`, without its fields and methods."""
+    root = tmp_path / "ws"
+    model = root / "src" / "main" / "java" / "com" / "acme" / "model"
+    model.mkdir(parents=True)
+    (model / "Parcel.java").write_text(
+        "package com.acme.model;\n\npublic final class Parcel {\n    public final String id;\n\n"
+        "    public Parcel(String id) {\n        this.id = id;\n    }\n\n"
+        "    public double weightKg() {\n        return 1.0;\n    }\n}\n")
+    app = root / "src" / "main" / "java" / "com" / "acme" / "App.java"
+    app.write_text("")
+    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
+    index.build()
+    try:
+        head = "package com.acme;\n\nimport com.acme.model.Parcel;\n\npublic class App {\n"
+        got = Digest(index).entries(str(app), head, "", [], cursor_hint("    Parcel p = "))
+        assert got and got[0].kind == "class", got
+        assert "public double weightKg();" in got[0].text and "public Parcel(String id);" in got[0].text, got[0].text
+    finally:
+        index.close()
