@@ -226,7 +226,8 @@ class Digest:
         ``tail`` the document after it, ``hint`` what the cursor's position expects (`cursor_hint`)."""
         if not path or not self.available():
             return []
-        imports = [i for i in self.imports_cache.imports(head, path) if i.alias and i.name != "*"]
+        imports = [_as_module(i, path) for i in self.imports_cache.imports(head, path)]
+        imports = [i for i in imports if i.alias and i.name != "*"]
         if not imports:
             return []
         generation = getattr(self.retriever, "generation", None)
@@ -535,6 +536,16 @@ def _statement_lines(lines: Sequence[str], starts: Sequence[int]) -> set[int]:
                 break
             k += 1
     return out
+
+
+def _as_module(imp: Import, path: str) -> Import:
+    """A C/C++ ``#include "x.h"`` as a module import: it binds no name (the header's are used bare), so it
+    was left out of the digest; as the module ``x`` its stub is the header's declarations."""
+    if imp.name == "*" and not imp.alias and language_of(path) in ("c", "cpp"):
+        stem = os.path.splitext(os.path.basename(imp.module))[0]
+        if stem.isidentifier():
+            return dataclasses.replace(imp, name=None, alias=stem)
+    return imp
 
 
 def _is_module_file(target: str, name: str | None, module: str = "") -> bool:

@@ -399,3 +399,24 @@ def test_a_java_class_import_shows_the_class_not_a_module_stub(tmp_path):
         assert "public double weightKg();" in got[0].text and "public Parcel(String id);" in got[0].text, got[0].text
     finally:
         index.close()
+
+
+def test_a_c_include_gives_the_headers_declarations(tmp_path):
+    """`#include "netq/ring.h"` binds no name (the header's are used bare), so the digest left every
+    include out: now the header is a module entry of its declarations."""
+    root = tmp_path / "ws"
+    (root / "include" / "netq").mkdir(parents=True)
+    (root / "src").mkdir()
+    (root / "include" / "netq" / "ring.h").write_text(
+        "#ifndef RING_H\n#define RING_H\n#include <stddef.h>\n\ntypedef struct ring {\n    size_t head;\n} ring_t;\n\n"
+        "ring_t *ring_create(size_t capacity);\nvoid ring_destroy(ring_t *r);\n\n#endif\n")
+    (root / "src" / "main.c").write_text("")
+    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
+    index.build()
+    try:
+        head = '#include <stdio.h>\n#include "netq/ring.h"\n\nint main(void) {\n'
+        (entry,) = Digest(index).entries(str(root / "src" / "main.c"), head, "", [], cursor_hint("    ring_t *r = "))
+        assert entry.kind == "module" and entry.name == "ring"
+        assert "ring_t *ring_create(size_t capacity);" in entry.text and "void ring_destroy(ring_t *r);" in entry.text
+    finally:
+        index.close()
