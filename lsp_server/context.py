@@ -126,7 +126,9 @@ STICKY_LINES = 30
 USAGE_NAMES = 2
 USAGE_CHUNKS = 12  # chunks holding the name, searched for its lines
 USAGE_CHARS = 160
-_NOT_USES = ("#", "//", "/*", "* ", "import ", "from ", "use ", "require(")
+# (exports name what a file defines: `module.exports = { f };` is no use of f; nor is a line that requires it)
+_NOT_USES = ("#", "//", "/*", "* ", "import ", "from ", "use ", "pub use ", "require(", "module.exports", "exports.",
+             "export {", "export *", "export default ")
 _QUALIFIER = re.compile(r"[\w.]*\.$")
 
 
@@ -260,7 +262,7 @@ class ContextFinder:
                     code = line.strip()
                     if in_own and e.start_line <= c.start_line + k <= e.end_line:
                         continue  # the definition itself (``UNSET = Sentinel()``)
-                    if not code or code.startswith(_NOT_USES) or definition.match(code):
+                    if not code or code.startswith(_NOT_USES) or "require(" in code or definition.match(code):
                         continue
                     m = use.search(code)
                     if m is None:

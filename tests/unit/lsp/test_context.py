@@ -247,3 +247,38 @@ def test_the_digest_brings_a_usage_line_of_its_best_name_from_another_file(tmp_p
         assert (call.path, call.text) == ("mime/text.py", "return MIMEBase('text', kind)")
     finally:
         index.close()
+
+
+def test_an_export_statement_is_not_taken_for_a_usage_line(tmp_path):
+    """`module.exports = { formatLabel };` names the definition; it was picked as a use of it (and the
+    same line came again as a retrieved chunk)."""
+    import indexer
+
+    ws = tmp_path / "ws"
+    (ws / "util").mkdir(parents=True)
+    (ws / "util" / "format.js").write_text(
+        "function formatLabel(n) {\n  return `${n} items`;\n}\n\nmodule.exports = { formatLabel };\n")
+    (ws / "report.js").write_text(
+        "const { formatLabel } = require('./util/format');\n\nconsole.log(formatLabel(3));\n")
+    app = ws / "app.js"
+    text = "const { formatLabel } = require('./util/format');\n\nconst label = "
+    app.write_text(text + "\n")
+    index = indexer.Index([ws], indexer.IndexConfig(cache_dir=tmp_path / "cache"), embedder=None)
+    try:
+        index.build()
+        handle = IndexHandle()
+        handle.index, handle.state = index, "ready"
+        cfg = CompletionConfig()
+        finder = ContextFinder(handle, [ws], display_path)
+        s = Snapshot(uri=app.as_uri(), version=1, language="javascript", path="app.js", before=text, after="\n")
+        ctx = context_for(s, build_request(s, cfg), cfg)
+        usage = finder.snippets(ctx, 0, 0, 12, 120, None, 200)[0]
+        assert (usage.path, usage.text) == ("report.js", "console.log(formatLabel(3));"), usage
+        (ws / "report.js").unlink()  # no use left but the export statement and the require line: none shown
+        index.remove(ws / "report.js")
+        assert index.flush(timeout=30)
+        finder = ContextFinder(handle, [ws], display_path)
+        shown = finder.snippets(ctx, 0, 0, 12, 120, None, 200)
+        assert not any("module.exports" in s.text for s in shown), shown
+    finally:
+        index.close()
