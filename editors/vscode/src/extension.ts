@@ -267,7 +267,7 @@ class Draftline implements vscode.Disposable {
       if (this.client?.state === State.Running) {
         await this.client.sendNotification(DidChangeConfigurationNotification.type, didChangeConfigurationParams(now));
       }
-      void this.poll();
+      void this.poll(true);
     });
   }
 
@@ -302,14 +302,19 @@ class Draftline implements vscode.Disposable {
     return this.client?.state === State.Running;
   }
 
-  /** Ask the running server for draftline/status and render it; joins the request already in flight to that server. */
-  private poll(): Promise<void> {
+  /**
+   * Ask the running server for draftline/status and render it; joins the request already in flight to that server,
+   * or, `fresh` (after a settings change), asks again once it is answered: its answer predates the change.
+   */
+  private poll(fresh = false): Promise<void> {
     const client = this.client;
     if (!client || client.state !== State.Running) {
       this.render();
       return Promise.resolve();
     }
-    if (this.polling?.client === client) return this.polling.done;
+    if (this.polling?.client === client) {
+      return fresh ? this.polling.done.then(() => this.poll()) : this.polling.done;
+    }
     const done = (async () => {
       let status: ServerStatus | undefined;
       try {

@@ -269,6 +269,23 @@ test('a server slow to answer draftline/status gets one status request at a time
   assert.equal(FakeClient.all[0].requests, 2);
 });
 
+test('a settings change asks for the status again once a poll already in flight is answered (that answer predates it)', { timeout: 10000 }, async () => {
+  const answer = deferred<unknown>();
+  FakeClient.respond = () => answer.promise;
+  const activated = activateInBackground({ 'model.target': 'fake' });
+  await settle();
+  const [client] = FakeClient.all;
+  assert.equal(client.requests, 1);
+  FakeClient.respond = async () => ({ engine: { state: 'ready' } });
+  change({ 'model.target': 'fake', 'completion.maxTokens': 16 }); // sent to the server as a notification
+  await settle();
+  assert.equal(client.requests, 1, 'one request at a time');
+  answer.resolve({ engine: { state: 'loading' } });
+  await activated;
+  await settle();
+  assert.equal(client.requests, 2, 'the status after the change was never asked for');
+});
+
 test('Restart Server and deactivate work while the server never answers draftline/status', { timeout: 10000 }, async () => {
   const never = deferred<unknown>();
   FakeClient.respond = (client) => (client === FakeClient.all[0] ? never.promise : Promise.resolve({}));
