@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -196,8 +197,6 @@ def tensor_bytes(engine: Any) -> int:
 
 def geometric_confidence(stats: Any) -> float | None:
     """exp(mean log p) of the answer's tokens under the target, or None when the engine gave none."""
-    import math
-
     logprobs = getattr(stats, "token_logprobs", None)
     if not logprobs:
         return None
@@ -360,8 +359,6 @@ class Router:
 
 def _limit_ms(seconds: float) -> float | None:
     """A route's time limit for status (JSON): None where it is none (TOML's inf or nan)."""
-    import math
-
     return round(seconds * 1000, 1) if math.isfinite(seconds) else None
 
 

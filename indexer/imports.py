@@ -12,6 +12,7 @@ nothing, which is what the callers want.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -110,16 +111,19 @@ def _text(node: Node | None) -> str:
     return node.text.decode("utf-8", "replace") if node is not None and node.text is not None else ""
 
 
-def parse_imports(text: str, path: str) -> list[Import]:
-    """The imports of ``text`` (a file at ``path``, whose extension picks the grammar); [] when unknown."""
+def _root(text: str, path: str) -> Node | None:
+    """The syntax tree of ``text`` in the grammar ``path``'s extension picks; None when there is none."""
     language = language_of(path)
     parser = _parser(language, path) if language else None
-    if parser is None:
-        return []
-    root = parser.parse(text.encode("utf-8", "replace")).root_node
-    reader = _READERS.get(language)
+    return parser.parse(text.encode("utf-8", "replace")).root_node if parser is not None else None
+
+
+def parse_imports(text: str, path: str) -> list[Import]:
+    """The imports of ``text`` (a file at ``path``, whose extension picks the grammar); [] when unknown."""
+    root = _root(text, path)
+    reader = _READERS.get(language_of(path) or "")
     out: list[Import] = []
-    if reader is None:
+    if root is None or reader is None:
         return out
     for node in root.children:  # imports are top-level statements in every language here
         reader(node, out)
@@ -426,12 +430,6 @@ def _resolve_rust(imp: Import, path: str, files: FileTable) -> list[str]:
 # The definition is in the file re-exported: resolution follows such re-exports (a few levels), reading the
 # re-exporting file through the FileTable (an unsaved buffer the index holds, else the disk).
 _MAX_HOPS = 4
-def _root(text: str, path: str) -> Node | None:
-    language = language_of(path)
-    parser = _parser(language, path) if language else None
-    return parser.parse(text.encode("utf-8", "replace")).root_node if parser is not None else None
-
-
 def _resolve_js_file(module: str, here: str, files: FileTable) -> list[str]:
     base = os.path.normpath(os.path.join(here, module))
     want = [base + e for e in ("",) + _JS_EXTS] + [os.path.join(base, "index" + e) for e in _JS_EXTS]
@@ -459,8 +457,6 @@ def _js_reexports(root: Node) -> list[tuple[str, str, str]]:
 
 
 def _declares_js(text: str, name: str) -> bool:
-    import re
-
     return re.search(r"(?m)^[ \t]*(?:export\s+)?(?:default\s+)?(?:declare\s+)?(?:abstract\s+)?(?:async\s+)?"
                      r"(?:class|function\*?|const|let|var|interface|type|enum|namespace)\s+" + re.escape(name) + r"\b",
                      text) is not None
@@ -495,8 +491,6 @@ def _follow_js(name: str, target: str, files: FileTable, hops: int) -> tuple[str
 def _follow_rust(name: str, target: str, files: FileTable, hops: int) -> tuple[str, bool]:
     """The file that defines ``name`` imported from the module file ``target`` (through its ``pub use``), and
     whether that is known; ``target`` itself when nothing better is found."""
-    import re
-
     text = files.text(target) if hops < _MAX_HOPS else None
     if text is None:
         return target, False

@@ -447,8 +447,7 @@ class Index:
         with self._write_lock:
             for directory in {os.path.dirname(p) for p in batch if os.path.basename(p) in IGNORE_FILE_NAMES}:
                 batch = {**self._ignore_rescan(Path(directory)), **batch}
-            for path in [p for p in batch if self.filter.exclude_root(p) is not None]:
-                root = self.filter.exclude_root(path)
+            for path, root in [(p, r) for p in batch if (r := self.filter.exclude_root(p)) is not None]:
                 batch = {**self._ignore_rescan(root), **{q: gone for q, gone in batch.items() if q != path}}
             sources: list[SourceFile] = []
             removals = self._removed_under(batch)
