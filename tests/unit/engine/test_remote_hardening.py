@@ -189,6 +189,15 @@ def test_a_password_in_the_url_is_used_but_never_shown(server: SSEServer, caplog
 
 
 # -- 3. connect and TLS handshake end at a keystroke or the deadline ---------------------------------------
+def assert_the_keystroke_ends_it(thread: threading.Thread, box: dict, cancel: threading.Event) -> None:
+    """Sets ``cancel`` (a keystroke) and checks the request in ``thread`` ends promptly, cancelled."""
+    started = time.monotonic()
+    cancel.set()
+    thread.join(SLACK_S)
+    assert not thread.is_alive() and box["result"].cancelled
+    assert time.monotonic() - started < SLACK_S
+
+
 @pytest.fixture
 def syn_drop():
     """A listener whose accept queue is full: the kernel drops further SYNs, and connect() hangs."""
@@ -218,11 +227,7 @@ def test_a_keystroke_ends_a_connect_to_a_box_that_drops_syns(syn_drop: str):
     eng, cancel = load_remote({"url": syn_drop, "timeout_ms": LONG_MS}), threading.Event()
     thread, box = run_in_thread(lambda: eng.complete(REQUEST, cancel))
     thread.join(0.2)  # in connect() by now, or about to be: either way only the keystroke can end it
-    started = time.monotonic()
-    cancel.set()
-    thread.join(SLACK_S)
-    assert not thread.is_alive() and box["result"].cancelled
-    assert time.monotonic() - started < SLACK_S
+    assert_the_keystroke_ends_it(thread, box, cancel)
 
 
 def test_a_route_deadline_ends_a_connect_to_a_box_that_drops_syns(syn_drop: str):
@@ -256,11 +261,7 @@ def test_a_keystroke_ends_a_name_lookup_that_never_answers(stuck_dns):
         cancel = threading.Event()
         thread, box = run_in_thread(lambda: eng.complete(REQUEST, cancel))
         thread.join(0.2)
-        started = time.monotonic()
-        cancel.set()
-        thread.join(SLACK_S)
-        assert not thread.is_alive() and box["result"].cancelled
-        assert time.monotonic() - started < SLACK_S
+        assert_the_keystroke_ends_it(thread, box, cancel)
     assert stuck_dns == ["stuck.invalid"]
 
 
@@ -276,11 +277,7 @@ def test_a_keystroke_ends_a_stalled_tls_handshake(raw):
     eng, cancel = load_remote({"url": f"https://127.0.0.1:{srv.port}", "timeout_ms": LONG_MS}), threading.Event()
     thread, box = run_in_thread(lambda: eng.complete(REQUEST, cancel))
     thread.join(0.3)
-    started = time.monotonic()
-    cancel.set()
-    thread.join(SLACK_S)
-    assert not thread.is_alive() and box["result"].cancelled
-    assert time.monotonic() - started < SLACK_S
+    assert_the_keystroke_ends_it(thread, box, cancel)
     assert srv.closed.wait(SLACK_S)  # the box sees the client go
 
 

@@ -211,6 +211,22 @@ def test_with_the_real_index_the_imported_definition_reaches_the_prompt(tmp_path
         index.close()
 
 
+def digest_snippets(index, ws, file, language):
+    """``snippets(before, after)``: the snippets one ContextFinder chooses for a cursor in ``file`` (the
+    digest's budget only: its usage lines and stubs)."""
+    handle = IndexHandle()
+    handle.index, handle.state = index, "ready"
+    cfg = CompletionConfig()
+    finder = ContextFinder(handle, [ws], display_path)
+
+    def snippets(before, after=""):
+        s = Snapshot(uri=file.as_uri(), version=1, language=language, path=file.relative_to(ws).as_posix(),
+                     before=before, after=after)
+        return finder.snippets(context_for(s, build_request(s, cfg), cfg), 0, 0, 12, 120, None, 200)
+
+    return snippets
+
+
 def test_the_digest_brings_a_usage_line_of_its_best_name_from_another_file(tmp_path):
     """For the name the digest ranks first, a line elsewhere that uses it (not its definition, an import
     or a comment, nor a line of the current file), the one shaped like the cursor's line; it opens the
@@ -231,19 +247,10 @@ def test_the_digest_brings_a_usage_line_of_its_best_name_from_another_file(tmp_p
     index = indexer.Index([ws], indexer.IndexConfig(cache_dir=tmp_path / "cache"), embedder=None)
     try:
         index.build()
-        handle = IndexHandle()
-        handle.index, handle.state = index, "ready"
-        cfg = CompletionConfig()
-        finder = ContextFinder(handle, [ws], display_path)
-
-        def first_snippet(before):
-            s = Snapshot(uri=audio.as_uri(), version=1, language="python", path="mime/audio.py", before=before, after="")
-            ctx = context_for(s, build_request(s, cfg), cfg)
-            return finder.snippets(ctx, 0, 0, 12, 120, None, 200)[0]
-
-        usage = first_snippet(text)
+        snippets = digest_snippets(index, ws, audio, "python")
+        usage = snippets(text)[0]
         assert (usage.path, usage.text, usage.start_line) == ("mime/text.py", "class MIMEText(MIMEBase):", 10)
-        call = first_snippet("from mime.base import MIMEBase\n\n\ndef make_audio():\n    return ")
+        call = snippets("from mime.base import MIMEBase\n\n\ndef make_audio():\n    return ")[0]
         assert (call.path, call.text) == ("mime/text.py", "return MIMEBase('text', kind)")
     finally:
         index.close()
@@ -266,19 +273,12 @@ def test_an_export_statement_is_not_taken_for_a_usage_line(tmp_path):
     index = indexer.Index([ws], indexer.IndexConfig(cache_dir=tmp_path / "cache"), embedder=None)
     try:
         index.build()
-        handle = IndexHandle()
-        handle.index, handle.state = index, "ready"
-        cfg = CompletionConfig()
-        finder = ContextFinder(handle, [ws], display_path)
-        s = Snapshot(uri=app.as_uri(), version=1, language="javascript", path="app.js", before=text, after="\n")
-        ctx = context_for(s, build_request(s, cfg), cfg)
-        usage = finder.snippets(ctx, 0, 0, 12, 120, None, 200)[0]
+        usage = digest_snippets(index, ws, app, "javascript")(text, "\n")[0]
         assert (usage.path, usage.text) == ("report.js", "console.log(formatLabel(3));"), usage
         (ws / "report.js").unlink()  # no use left but the export statement and the require line: none shown
         index.remove(ws / "report.js")
         assert index.flush(timeout=30)
-        finder = ContextFinder(handle, [ws], display_path)
-        shown = finder.snippets(ctx, 0, 0, 12, 120, None, 200)
+        shown = digest_snippets(index, ws, app, "javascript")(text, "\n")
         assert not any("module.exports" in s.text for s in shown), shown
     finally:
         index.close()

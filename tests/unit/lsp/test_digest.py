@@ -323,100 +323,71 @@ def test_a_file_importing_nothing_of_the_workspace_gets_no_digest(ws):
     assert entries(index, root, "import os\nimport json\n\nx = ") == []
 
 
-def test_a_js_default_import_shows_the_default_export_not_the_first_definition(tmp_path):
+def workspace_entries(tmp_path, files: dict[str, str], current: str, head: str, line: str):
+    """The digest entries for a cursor after ``head`` + ``line`` in ``current``, in a workspace of ``files``."""
     root = tmp_path / "ws"
-    (root / "models").mkdir(parents=True)
-    (root / "models" / "inventory.ts").write_text(
-        "export class InventoryLedger {\n  count(): number { return 0; }\n}\n\n"
-        "export default function createLedger(owner: string): InventoryLedger {\n  return new InventoryLedger();\n}\n")
-    (root / "app.ts").write_text("")
+    for rel, text in {current: "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
     index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
-    index.build()
     try:
-        head = 'import makeLedger from "./models/inventory";\n\n'
-        got = Digest(index).entries(str(root / "app.ts"), head, "", [], cursor_hint("const l = "))
-        assert [e.text for e in got] == ["export default function createLedger(owner: string): InventoryLedger;"], got
+        index.build()
+        return Digest(index).entries(str(root / current), head, "", [], cursor_hint(line))
     finally:
         index.close()
+
+
+def test_a_js_default_import_shows_the_default_export_not_the_first_definition(tmp_path):
+    got = workspace_entries(tmp_path, {"models/inventory.ts":
+                                       "export class InventoryLedger {\n  count(): number { return 0; }\n}\n\n"
+                                       "export default function createLedger(owner: string): InventoryLedger {\n"
+                                       "  return new InventoryLedger();\n}\n"},
+                            "app.ts", 'import makeLedger from "./models/inventory";\n\n', "const l = ")
+    assert [e.text for e in got] == ["export default function createLedger(owner: string): InventoryLedger;"], got
 
 
 def test_a_rust_trait_methods_declaration_keeps_one_semicolon(tmp_path):
-    root = tmp_path / "ws"
-    (root / "src").mkdir(parents=True)
-    (root / "src" / "store.rs").write_text(
-        "pub trait Compactor {\n    fn compact(&mut self, level: u32) -> usize;\n    fn name(&self) -> &str {\n        \"c\"\n    }\n}\n")
-    (root / "src" / "main.rs").write_text("mod store;\n")
-    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
-    index.build()
-    try:
-        head = "mod store;\nuse crate::store::Compactor;\n\n"
-        got = Digest(index).entries(str(root / "src" / "main.rs"), head, "", [], cursor_hint("let c: "))
-        assert got and ";;" not in got[0].text and "fn compact(&mut self, level: u32) -> usize;" in got[0].text, got
-    finally:
-        index.close()
+    got = workspace_entries(tmp_path, {"src/store.rs": "pub trait Compactor {\n    fn compact(&mut self, level: u32) -> usize;\n"
+                                                       "    fn name(&self) -> &str {\n        \"c\"\n    }\n}\n",
+                                       "src/main.rs": "mod store;\n"},
+                            "src/main.rs", "mod store;\nuse crate::store::Compactor;\n\n", "let c: ")
+    assert got and ";;" not in got[0].text and "fn compact(&mut self, level: u32) -> usize;" in got[0].text, got
 
 
 def test_a_rust_structs_stub_has_its_pub_fields_and_its_impl_methods(tmp_path):
     """A struct's methods live in `impl` blocks outside its lines, and its fields are not symbols: the stub
     was `pub struct SegmentWriter {}`, empty."""
-    root = tmp_path / "ws"
-    (root / "src").mkdir(parents=True)
-    (root / "src" / "seg.rs").write_text(
-        "pub struct SegmentWriter {\n    pub path: String,\n    count: usize,\n}\n\nimpl SegmentWriter {\n"
-        "    pub fn new(path: &str) -> Self {\n        SegmentWriter { path: path.to_string(), count: 0 }\n    }\n\n"
-        "    pub fn write(&mut self, data: &[u8]) -> usize {\n        data.len()\n    }\n}\n")
-    (root / "src" / "main.rs").write_text("mod seg;\n")
-    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
-    index.build()
-    try:
-        head = "mod seg;\nuse crate::seg::SegmentWriter;\n\nfn main() {\n"
-        (entry,) = Digest(index).entries(str(root / "src" / "main.rs"), head, "", [], cursor_hint("    let w = "))
-        assert entry.text.split("\n") == ["pub struct SegmentWriter {", "    pub path: String,",
-                                          "    pub fn new(path: &str) -> Self;",
-                                          "    pub fn write(&mut self, data: &[u8]) -> usize;", "}"], entry.text
-    finally:
-        index.close()
+    (entry,) = workspace_entries(
+        tmp_path, {"src/main.rs": "mod seg;\n", "src/seg.rs": "pub struct SegmentWriter {\n    pub path: String,\n    count: usize,\n}\n\nimpl SegmentWriter {\n"
+                                 "    pub fn new(path: &str) -> Self {\n        SegmentWriter { path: path.to_string(), count: 0 }\n"
+                                 "    }\n\n    pub fn write(&mut self, data: &[u8]) -> usize {\n        data.len()\n    }\n}\n"},
+        "src/main.rs", "mod seg;\nuse crate::seg::SegmentWriter;\n\nfn main() {\n", "    let w = ")
+    assert entry.text.split("\n") == ["pub struct SegmentWriter {", "    pub path: String,",
+                                      "    pub fn new(path: &str) -> Self;",
+                                      "    pub fn write(&mut self, data: &[u8]) -> usize;", "}"], entry.text
 
 
 def test_a_java_class_import_shows_the_class_not_a_module_stub(tmp_path):
     """Parcel.java is named after its class: the import was taken for a module, and the stub was the bare
     `public final class Parcel;`, without its fields and methods."""
-    root = tmp_path / "ws"
-    model = root / "src" / "main" / "java" / "com" / "acme" / "model"
-    model.mkdir(parents=True)
-    (model / "Parcel.java").write_text(
-        "package com.acme.model;\n\npublic final class Parcel {\n    public final String id;\n\n"
-        "    public Parcel(String id) {\n        this.id = id;\n    }\n\n"
-        "    public double weightKg() {\n        return 1.0;\n    }\n}\n")
-    app = root / "src" / "main" / "java" / "com" / "acme" / "App.java"
-    app.write_text("")
-    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
-    index.build()
-    try:
-        head = "package com.acme;\n\nimport com.acme.model.Parcel;\n\npublic class App {\n"
-        got = Digest(index).entries(str(app), head, "", [], cursor_hint("    Parcel p = "))
-        assert got and got[0].kind == "class", got
-        assert "public double weightKg();" in got[0].text and "public Parcel(String id);" in got[0].text, got[0].text
-    finally:
-        index.close()
+    got = workspace_entries(
+        tmp_path, {"src/main/java/com/acme/model/Parcel.java":
+                   "package com.acme.model;\n\npublic final class Parcel {\n    public final String id;\n\n"
+                   "    public Parcel(String id) {\n        this.id = id;\n    }\n\n"
+                   "    public double weightKg() {\n        return 1.0;\n    }\n}\n"},
+        "src/main/java/com/acme/App.java", "package com.acme;\n\nimport com.acme.model.Parcel;\n\npublic class App {\n",
+        "    Parcel p = ")
+    assert got and got[0].kind == "class", got
+    assert "public double weightKg();" in got[0].text and "public Parcel(String id);" in got[0].text, got[0].text
 
 
 def test_a_c_include_gives_the_headers_declarations(tmp_path):
     """`#include "netq/ring.h"` binds no name (the header's are used bare), so the digest left every
     include out: now the header is a module entry of its declarations."""
-    root = tmp_path / "ws"
-    (root / "include" / "netq").mkdir(parents=True)
-    (root / "src").mkdir()
-    (root / "include" / "netq" / "ring.h").write_text(
-        "#ifndef RING_H\n#define RING_H\n#include <stddef.h>\n\ntypedef struct ring {\n    size_t head;\n} ring_t;\n\n"
-        "ring_t *ring_create(size_t capacity);\nvoid ring_destroy(ring_t *r);\n\n#endif\n")
-    (root / "src" / "main.c").write_text("")
-    index = Index([root], IndexConfig(cache_dir=str(tmp_path / "cache")), embedder=None)
-    index.build()
-    try:
-        head = '#include <stdio.h>\n#include "netq/ring.h"\n\nint main(void) {\n'
-        (entry,) = Digest(index).entries(str(root / "src" / "main.c"), head, "", [], cursor_hint("    ring_t *r = "))
-        assert entry.kind == "module" and entry.name == "ring"
-        assert "ring_t *ring_create(size_t capacity);" in entry.text and "void ring_destroy(ring_t *r);" in entry.text
-    finally:
-        index.close()
+    (entry,) = workspace_entries(
+        tmp_path, {"include/netq/ring.h": "#ifndef RING_H\n#define RING_H\n#include <stddef.h>\n\ntypedef struct ring {\n"
+                                          "    size_t head;\n} ring_t;\n\nring_t *ring_create(size_t capacity);\n"
+                                          "void ring_destroy(ring_t *r);\n\n#endif\n"},
+        "src/main.c", '#include <stdio.h>\n#include "netq/ring.h"\n\nint main(void) {\n', "    ring_t *r = ")
+    assert entry.kind == "module" and entry.name == "ring"
+    assert "ring_t *ring_create(size_t capacity);" in entry.text and "void ring_destroy(ring_t *r);" in entry.text
