@@ -74,7 +74,7 @@ def make_router(model: ModelConfig) -> Engine:
     if unknown := sorted(set(routes) - set(ROUTES)):
         raise ValueError(f"model.routes: unknown route(s) {', '.join(unknown)}; routes are {', '.join(ROUTES)} "
                          "(and confidence)")
-    if not isinstance(confidence, (int, float)) or not 0 <= confidence <= 1:
+    if not _number(confidence) or not 0 <= confidence <= 1:
         raise ValueError(f"model.routes.confidence must be in [0, 1], not {confidence!r}")
     own = {"target": model.target, "draft": model.draft, "options": dict(model.options), "remote": model.remote}
     models: dict[str, Model] = {}
@@ -100,11 +100,16 @@ def make_router(model: ModelConfig) -> Engine:
             models[key] = Model(key=label if label not in taken else f"{label}#{len(models) + 1}", label=label,
                                 build=lambda sub=sub: make_engine(sub))
         limit = table.get("time_limit_ms", DEFAULT_TIME_LIMIT_MS)
-        if not isinstance(limit, (int, float)) or limit < 0:
+        if not _number(limit) or not limit >= 0:  # inf is no limit; nan would be one never reached
             raise ValueError(f"model.routes.{name}.time_limit_ms must be a number >= 0, not {limit!r}")
         built[name] = Route(name, models[key].key, float(limit) / 1000.0)
     by_key = {m.key: m for m in models.values()}
     return Router(by_key, built, float(confidence))
+
+
+def _number(value: object) -> bool:
+    """An int or float, not a bool (TOML's `true` is an int to Python)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _label(model: ModelConfig) -> str:

@@ -176,3 +176,15 @@ def test_the_monitor_swap_is_not_undone_by_a_fresh_models_older_overrides():
     worker.join(20)
     swap.join(20)
     assert block.overrides == {"drafter": "none"} and line.overrides == {"drafter": "none"}
+
+
+def test_true_and_nan_are_not_numbers_in_the_routes_table():
+    """`time_limit_ms = true` ran the block model under a 1 ms limit and `confidence = true` escalated
+    every line (bool is an int to Python); `time_limit_ms = nan` (TOML has it) passed the `< 0` check
+    and became a limit no elapsed time compares past."""
+    import pytest
+
+    for bad in ({"block": {"time_limit_ms": True}}, {"block": {"time_limit_ms": math.nan}}, {"confidence": True},
+                {"confidence": False}):
+        with pytest.raises(ValueError):
+            make_router(ModelConfig(target="fake", routes=bad))
