@@ -243,7 +243,10 @@ class Index:
             self.bm25.commit()
 
     def _note_skip(self, path: str, reason: str | None) -> None:
-        if reason and reason not in ("vanished", "outside_roots", "ignored"):
+        if not reason or reason in ("vanished", "outside_roots", "ignored"):
+            with self._lock:  # gone or out of scope now: no longer a skip to report (nor to keep a week)
+                self._content_skipped.pop(path, None)
+        else:
             with self._lock:
                 self._content_skipped[path] = reason
             # one line a file at INFO for what a user may want to know; the bulk kinds (a tree's
@@ -484,11 +487,24 @@ class Index:
         with self._lock:
             removed, self._removed = self._removed, set()
         removed.update(p for p, gone in batch.items() if gone)
+        self._forget_skips(removed)
         prefixes = tuple(p.rstrip(os.sep) + os.sep for p in removed if p not in self._digests)
         if not prefixes:
             return []
         with self._lock:
             return [q for q in self._digests if q.startswith(prefixes) and q not in batch and q not in self._overlays]
+
+    def _forget_skips(self, removed: set[str]) -> None:
+        """Removed files, and every file under removed directories, leave the skip report: a deleted
+        binary or too large file was reported skipped for good (stats().skipped grew with every one).
+        An open editor's unsaved buffer stays what counts, and skipped, as _removed_under keeps it."""
+        if not removed:
+            return
+        under = tuple(p.rstrip(os.sep) + os.sep for p in removed)
+        with self._lock:
+            for q in [q for q in self._content_skipped
+                      if (q in removed or q.startswith(under)) and q not in self._overlays]:
+                del self._content_skipped[q]
 
     def _ignore_rescan(self, directory: Path) -> dict[str, bool]:
         """The paths under ``directory`` whose fate an edit of its ignore file may have changed: those

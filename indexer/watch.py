@@ -64,10 +64,27 @@ class Watcher:
 
     # ---- lifecycle ------------------------------------------------------
     def start(self) -> "Watcher":
+        """Watch every root that can be watched (one that cannot, a folder gone or the inotify limit, is
+        logged and left to the client's file events); raises only when none can, with nothing left running.
+
+        The observer starts first: scheduled before its start, a root that failed then failed the start,
+        leaving the roots started before it watched by threads nobody stopped (three threads and an
+        inotify instance over a whole tree at each re-index of a workspace with one folder gone)."""
         handler = _Handler(self._on_event)
-        for root in self.roots:
-            self._observer.schedule(handler, root, recursive=True)
         self._observer.start()
+        error: Exception | None = None
+        watched = 0
+        for root in self.roots:
+            try:
+                self._observer.schedule(handler, root, recursive=True)
+                watched += 1
+            except Exception as exc:
+                error = exc
+                log.warning("not watching %s for changes on disk: %s", root, exc)
+        if not watched and error is not None:
+            self._observer.stop()
+            self._observer.join(5)
+            raise error
         self._thread.start()
         return self
 

@@ -43,6 +43,9 @@ _OPEN_SPACE = re.compile(r"([(\[{])\s+")
 _SPACES = re.compile(r"\s{2,}")
 _CLOSE_SPACE = re.compile(r",?\s+([)\]}])")
 MAX_METHODS = 6
+# built stubs kept while the index's generation holds (typing in one file keeps it for days): the oldest
+# go first past this many (an import line edited a thousand times was a thousand entries, for good)
+MAX_ENTRIES = 1024
 MAX_FIELDS = 5
 MAX_MODULE_NAMES = 10
 
@@ -241,6 +244,8 @@ class Digest:
             key = (path, imp)
             if key not in self._entries:
                 self._entries[key] = self._build(imp, path, files)
+                while len(self._entries) > MAX_ENTRIES:
+                    self._entries.pop(next(iter(self._entries)))
             entry = self._entries[key]
             if entry is not None:
                 built.append((imp, entry))
