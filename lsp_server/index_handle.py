@@ -42,6 +42,9 @@ def open_index(roots: Sequence[Path], cfg: IndexSettings) -> Retriever | None:
 _NO_FILES = FileTable()
 
 
+MAX_COUNTED_PATHS = 8192  # paths whose own changes generation() leaves out, at most
+
+
 class IndexHandle:
     """The optional workspace index: opened and built off the loop, fed file events, never fatal.
 
@@ -197,6 +200,10 @@ class IndexHandle:
         key = os.path.abspath(path)
         with self._changes_lock:
             self._changes += 1
+            if len(self._changes_by_path) >= MAX_COUNTED_PATHS and key not in self._changes_by_path:
+                # a path's own count only keeps generation() still while that path is typed in: forgetting
+                # them all costs each file's caches one rebuild, where keeping them grew a week's paths
+                self._changes_by_path.clear()
             self._changes_by_path[key] = self._changes_by_path.get(key, 0) + 1
             self._unsettled[key] = self._changes
 
