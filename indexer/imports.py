@@ -71,8 +71,12 @@ class FileTable:
         self._dirs.setdefault(os.path.basename(os.path.dirname(path)), set()).add(path)
 
     def remove(self, path: str) -> None:
-        self._named.get(os.path.basename(path), set()).discard(path)
-        self._dirs.get(os.path.basename(os.path.dirname(path)), set()).discard(path)
+        for table, key in ((self._named, os.path.basename(path)), (self._dirs, os.path.basename(os.path.dirname(path)))):
+            paths = table.get(key)
+            if paths is not None:
+                paths.discard(path)
+                if not paths:  # a name no file has now: kept, a week of renamed files kept every old name
+                    del table[key]
 
     def named(self, base: str) -> list[str]:
         return list(self._named.get(base, ()))

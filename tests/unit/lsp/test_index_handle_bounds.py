@@ -17,3 +17,15 @@ def test_the_per_path_change_counts_stay_bounded_and_typing_keeps_the_generation
     handle.touch("/ws/app.py", "x = 12\n")  # typing in the file itself leaves its own value alone
     assert handle.generation("/ws/app.py")[:3] == before[:3]
     assert handle.generation("/ws/other.py")[:3] != before[:3]
+
+
+def test_the_file_table_forgets_names_no_file_has_any_more():
+    from indexer.imports import FileTable
+
+    table = FileTable()
+    for i in range(100):  # files created and deleted under ever new names
+        table.add(f"/ws/tmp{i}/mod{i}.py")
+        table.remove(f"/ws/tmp{i}/mod{i}.py")
+    table.add("/ws/pkg/util.py")
+    assert table.named("util.py") == ["/ws/pkg/util.py"] and table.in_dir("pkg") == ["/ws/pkg/util.py"]
+    assert len(table._named) == 1 and len(table._dirs) == 1
