@@ -36,23 +36,60 @@ class FileEntry:
 def notebook_code(text: str) -> str | None:
     """A Jupyter notebook's code cells, in order, each followed by a blank line (how the server shows a
     notebook to the model, lsp_server.documents.in_notebook); None when ``text`` is no notebook. Its
-    outputs (base64 images, printed data) and markdown stay out of the index and the prompts."""
+    outputs (base64 images, printed data) and markdown stay out of the index and the prompts, and so do
+    blank cells and cells of another language than the notebook's (a SQL cell of a Python notebook,
+    marked as VS Code saves it: ``metadata.vscode.languageId``). nbformat 3's worksheets are read too."""
     try:
         notebook = json.loads(text)
     except ValueError:
         return None
-    cells = notebook.get("cells") if isinstance(notebook, dict) else None
+    if not isinstance(notebook, dict):
+        return None
+    cells = notebook.get("cells")
+    worksheets = notebook.get("worksheets")
+    if cells is None and isinstance(worksheets, list):  # nbformat 3: cells in worksheets, a code cell's in "input"
+        cells = [c for w in worksheets if isinstance(w, dict) and isinstance(w.get("cells"), list) for c in w["cells"]]
     if not isinstance(cells, list):
         return None
+    language = notebook_language(notebook)
     out = []
     for cell in cells:
         if not isinstance(cell, dict) or cell.get("cell_type") != "code":
             continue
-        source = cell.get("source", "")
+        own = _cell_language(cell)
+        if own and language and own != language:
+            continue
+        source = cell["source"] if "source" in cell else cell.get("input", "")
         source = "".join(s for s in source if isinstance(s, str)) if isinstance(source, list) else source
         if isinstance(source, str) and source.strip():
             out.append(notebook_cell(source))
     return "".join(out)
+
+
+def notebook_language(notebook: dict) -> str:
+    """A notebook's language (lowercase, as editors name it) from its metadata; "" when it says none."""
+    metadata = notebook.get("metadata")
+    if not isinstance(metadata, dict):
+        return ""
+    for key, field in (("language_info", "name"), ("kernelspec", "language")):
+        value = metadata.get(key)
+        if isinstance(value, dict) and isinstance(value.get(field), str) and value[field].strip():
+            return _editor_language(value[field])
+    return ""
+
+
+def _editor_language(name: str) -> str:
+    """A kernel's language name as an editor's language id (VS Code's for the few that differ)."""
+    name = name.strip().lower()
+    return "cpp" if name.startswith("c++") else {"c#": "csharp", "f#": "fsharp", "q#": "qsharp"}.get(name, name)
+
+
+def _cell_language(cell: dict) -> str:
+    """A code cell's own language where it names one (VS Code: ``metadata.vscode.languageId``), else ""."""
+    metadata = cell.get("metadata")
+    vscode = metadata.get("vscode") if isinstance(metadata, dict) else None
+    own = vscode.get("languageId") if isinstance(vscode, dict) else None
+    return _editor_language(own) if isinstance(own, str) else ""
 
 
 def notebook_cell(source: str) -> str:

@@ -33,7 +33,7 @@ BUILD_COMMIT_S = 2.0  # during build(), make BM25 additions searchable at most t
 _DEFAULT = object()
 # Part of the store's content fingerprint: bump it when a change to chunker.py or files.py changes
 # what an unchanged file yields (chunks, symbols, skips), so that existing caches are rebuilt.
-CHUNKER_VERSION = "3"  # 2: a notebook (.ipynb) is its code cells, not its JSON; 3: more languages' symbols and named chunks
+CHUNKER_VERSION = "4"  # 2: a notebook (.ipynb) is its code cells, not its JSON; 3: more languages' symbols and named chunks; 4: a notebook's other-language and blank cells out, nbformat 3 read
 
 
 def content_fingerprint(config: IndexConfig) -> str:

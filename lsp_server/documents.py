@@ -6,6 +6,7 @@ import itertools
 import json
 import logging
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,7 +24,6 @@ log = logging.getLogger(__name__)
 
 
 ACCEPT_COMMAND = "draftline.didAcceptCompletionItem"  # run by the client after an accept
-WORD_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_"
 
 
 # LSP ends a line only at \n, \r\n or \r; str.splitlines, which pygls' TextDocument.lines uses, also at
@@ -256,7 +256,8 @@ def in_notebook(snap: Snapshot, workspace: Workspace, roots: Sequence[Path]) -> 
     """A notebook cell's snapshot with the notebook's other code cells of its language around it, in
     order (the model sees the notebook as one file, named by the notebook's path); other snapshots as
     they are. Only ``before``/``after`` grow: the cell's own positions and version still say where the
-    cursor is."""
+    cursor is. The cells read as the index reads the notebook's file (indexer.files.notebook_code): each
+    followed by one blank line, blank cells left out, so the cursor's line is the same in both."""
     notebook = workspace.get_notebook_document(cell_uri=snap.uri)
     if notebook is None:
         return snap
@@ -271,24 +272,40 @@ def in_notebook(snap: Snapshot, workspace: Workspace, roots: Sequence[Path]) -> 
         doc = workspace.text_documents.get(unquote(cell.document))
         if cell.kind != t.NotebookCellKind.Code or doc is None or (doc.language_id or "") != snap.language:
             continue
-        (after if seen else before).append(doc.source)
+        if doc.source.strip():  # an empty cell shows nothing (and the index skips it)
+            (after if seen else before).append(doc.source)
     if not seen:
         return snap
     head = "".join(notebook_cell(source) for source in before)
-    tail = "".join("\n\n" + source.rstrip("\n") for source in after)
-    return replace(snap, path=relative_path(notebook.uri, roots), before=head + snap.before, after=snap.after + tail,
+    rest = snap.after
+    if after:
+        # the cell, one blank line, the next cells (the last without its trailing line breaks)
+        others = "".join(notebook_cell(source) for source in after).rstrip("\n")
+        joined = notebook_cell(snap.before + snap.after) + others
+        # (a cursor further down the cell's trailing blank lines than one keeps them)
+        rest = joined[len(snap.before):] if joined.startswith(snap.before) else snap.after + "\n\n" + others
+    return replace(snap, path=relative_path(notebook.uri, roots), before=head + snap.before, after=rest,
                    file_uri=notebook.uri)
 
 
 def notebook_json(notebook: t.NotebookDocument, workspace: Workspace) -> str:
-    """An open notebook's cells as notebook JSON (nbformat's ``cells``: kind and source), the form the
-    index reads a notebook file in (indexer.files.notebook_code)."""
+    """An open notebook's cells as notebook JSON (nbformat's ``cells``: kind, source, and a code cell's
+    language as VS Code saves it), the form the index reads a notebook file in
+    (indexer.files.notebook_code); the notebook's language is that of most of its code cells, so a SQL
+    or R cell of a Python notebook stays out of the index as it does from the saved file."""
     cells = []
+    languages: list[str] = []
     for cell in notebook.cells:
         doc = workspace.text_documents.get(unquote(cell.document))
-        kind = "code" if cell.kind == t.NotebookCellKind.Code else "markdown"
-        cells.append({"cell_type": kind, "source": doc.source if doc is not None else ""})
-    return json.dumps({"cells": cells})
+        if cell.kind != t.NotebookCellKind.Code:
+            cells.append({"cell_type": "markdown", "source": doc.source if doc is not None else ""})
+            continue
+        language = (doc.language_id or "") if doc is not None else ""
+        languages.append(language)
+        cells.append({"cell_type": "code", "source": doc.source if doc is not None else "",
+                      "metadata": {"vscode": {"languageId": language}}})
+    main = Counter(languages).most_common(1)[0][0] if languages else ""  # ties: the first cell's
+    return json.dumps({"metadata": {"language_info": {"name": main}}, "cells": cells})
 
 
 def cursor(snap: Snapshot, line: int, doc: TextDocument) -> t.Position:
@@ -328,11 +345,20 @@ def inline_item(snap: Snapshot, position: t.Position, text: str, selected: t.Sel
     return t.InlineCompletionItem(insert_text=insert, range=rng, command=command)
 
 
+def _word_before(before: str) -> str:
+    """The run of word characters (Python's ``\\w``: letters and digits of any script, ``_``) ending ``before``."""
+    start = len(before)
+    while start and (before[start - 1].isalnum() or before[start - 1] == "_"):
+        start -= 1
+    return before[start:]
+
+
 def completion_item(doc, snap: Snapshot, position: t.Position, text: str) -> t.CompletionItem:
     """One item whose edit replaces the word being typed with word + completion (so it filters)."""
     position = cursor(snap, position.line, doc)  # past the line's end: its end
-    line = snap.before.rsplit("\n", 1)[-1]
-    word = line[len(line.rstrip(WORD_CHARS)) :]
+    # the identifier before the cursor, non-ASCII letters too: eglot filters the item by the symbol at
+    # point (`grö`), and a word cut at the last ASCII letter (`ße...`) matched nothing
+    word = _word_before(snap.before)
     start = t.Position(line=position.line, character=position.character - doc.position_codec.client_num_units(word))
     label = ((word + text).strip().splitlines() or [""])[0][:80] or text.strip()[:80]  # a CRLF line too
     edit = t.TextEdit(range=t.Range(start=start, end=position), new_text=word + text)

@@ -929,7 +929,10 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
             app.scheduler.cancel(app.job_key(cell))
         for cell in removed:
             app.cache.forget(cell)
-        app.edited(params.notebook_document.uri, None, immediate=False)  # re-indexed once typing pauses
+        # re-indexed once typing pauses (with no pause configured, now: its text then, not the disk's)
+        now = app.config.index.overlay_delay_ms <= 0
+        app.edited(params.notebook_document.uri, app.buffer_text(params.notebook_document.uri) if now else None,
+                   immediate=False)
 
     @ls.feature(t.NOTEBOOK_DOCUMENT_DID_CLOSE)
     def notebook_did_close(params: t.DidCloseNotebookDocumentParams) -> None:
