@@ -119,10 +119,34 @@ function M.set_keys(bufnr, k)
 end
 
 -- 0.11 inserts only the first word of an item's textEdit ("return" of "return a + b"): a draftline
--- item inserts its whole first line (other servers' items are left alone)
+-- item inserts its whole first line (other servers' items are left alone). A 'fileformat' dos buffer is
+-- synced with "\r\n", so the line ends before a "\r" too (else a literal ^M was inserted).
 local function fallback_convert(item)
   if item.detail ~= "draftline" or not item.textEdit then return {} end
-  return { word = item.textEdit.newText:match("^[^\n]*") }
+  return { word = item.textEdit.newText:match("^[^\r\n]*") }
+end
+
+-- A suggestion that starts on the next line (`def f():|` + "\n    return 1") has nothing on the cursor's
+-- line: its first line is only the word that was typed, and choosing it inserted nothing (while the menu
+-- showed "return 1"). It takes the line breaks and its first line of code then (complete() cannot
+-- insert a line break itself).
+local function fallback_done(bufnr)
+  if (vim.v.event or {}).reason ~= "accept" then return end
+  local lsp_item = vim.tbl_get(vim.v.completed_item or {}, "user_data", "nvim", "lsp") or {}
+  local item, client = lsp_item.completion_item, vim.lsp.get_client_by_id(lsp_item.client_id or -1)
+  if not (item and client and item.detail == "draftline" and item.textEdit and item.textEdit.range) then return end
+  local text, r = item.textEdit.newText, item.textEdit.range
+  local first = text:match("^[^\r\n]*")
+  if r.start.line ~= r["end"].line or #first == #text
+    or vim.str_utfindex(first, client.offset_encoding or "utf-16") ~= r["end"].character - r.start.character then
+    return -- its first line adds text (that line is what is taken), or it is one line
+  end
+  local lines = vim.split(text, "\r?\n")
+  local last = 2
+  while last < #lines and not lines[last]:find("%S") do last = last + 1 end
+  local row, col = unpack(vim.api.nvim_win_get_cursor(0))
+  vim.api.nvim_buf_set_text(bufnr, row - 1, col, row - 1, col, { "", unpack(lines, 2, last) })
+  vim.api.nvim_win_set_cursor(0, { row + last - 1, #lines[last] })
 end
 
 -- 0.11: draftline's item in the popup menu while typing.
@@ -148,6 +172,9 @@ function M.enable_fallback(client, bufnr, opts)
   end
   vim.api.nvim_set_option_value("completeopt", table.concat(cot, ","), { buf = bufnr })
   vim.lsp.completion.enable(true, client.id, bufnr, { autotrigger = true, convert = fallback_convert })
+  local group = vim.api.nvim_create_augroup(("draftline.fallback.%d"):format(bufnr), { clear = true })
+  vim.api.nvim_create_autocmd("CompleteDone", { group = group, buffer = bufnr,
+                                                callback = function() fallback_done(bufnr) end })
 end
 
 function M.setup(opts)
