@@ -29,6 +29,13 @@ def percentile(values: list[float], q: float, digits: int = 3) -> float:
     return round(float(np.percentile(values, q, method="higher")), digits) if len(values) else 0.0
 
 
+def _need_directory(directory, bench: str) -> None:
+    """A missing or non-directory DIR is the user's mistake: one line and exit status 1, not a traceback (or,
+    for retrieval, a report of 0 tasks that looks like a measurement)."""
+    if not Path(directory).is_dir():
+        raise SystemExit(f"draftline bench {bench}: {directory} is not a directory")
+
+
 def _peak_rss_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0, 1)
 
@@ -55,6 +62,7 @@ def _copy_prefix(src: Path, dst: Path, max_chars: int | None, ignore: tuple[str,
 def bench_index(directory: Path, max_chars: int | None = None, updates: int = 40, queries: int = 100,
                 seed: int = 0, ignore: tuple[str, ...] = ()) -> dict:
     """Full index of (the first ``max_chars`` of) DIR, then edit→searchable and query latencies."""
+    _need_directory(directory, "index")
     rng = random.Random(seed)
     work = Path(tempfile.mkdtemp(prefix="draftline-bench-"))
     try:
@@ -105,7 +113,8 @@ def bench_index(directory: Path, max_chars: int | None = None, updates: int = 40
                 sample.append("\n".join(lines[:cut])[-1500:] or text[:200])
             query_ms: dict[str, list[float]] = {}
             for mode in MODES:
-                index.search(sample[0], k=10, mode=mode)  # warm
+                if sample:  # an empty workspace has nothing to query: no samples, percentiles 0.0
+                    index.search(sample[0], k=10, mode=mode)  # warm
                 times = []
                 for q in sample:
                     t0 = time.perf_counter()
@@ -211,6 +220,7 @@ def bench_retrieval(directory: Path, max_tasks: int = 500, ks: tuple[int, ...] =
     definition's first line (its ``def``/``class``/assignment). ``modes_any_part``: any chunk
     overlapping the definition (e.g. one method of an imported class) counts.
     """
+    _need_directory(directory, "retrieval")
     rng = random.Random(seed)
     root = Path(directory).resolve()
     work = Path(tempfile.mkdtemp(prefix="draftline-bench-"))

@@ -161,6 +161,10 @@ def run_bench_engine(args: argparse.Namespace) -> int:
     if unknown:
         print(f"unknown modes: {sorted(unknown)}", file=sys.stderr)
         return 2
+    if args.prompts < 1 or args.max_new < 1:
+        print(f"bench engine: --prompts and --max-new must be at least 1 (got {args.prompts}, {args.max_new})",
+              file=sys.stderr)
+        return 2
     if "plain" not in modes:
         modes.insert(0, "plain")
     tmp = None
@@ -176,8 +180,19 @@ def run_bench_engine(args: argparse.Namespace) -> int:
         print(f"note: {note}", file=sys.stderr)
     if draft is None:
         modes = [m for m in modes if not m.startswith(("draft", "hybrid", "hf-assisted"))]
-    engine = load_engine(target, draft, device=args.device, dtype=args.dtype)
+    try:
+        engine = load_engine(target, draft, device=args.device, dtype=args.dtype)
+    except (OSError, ValueError) as exc:  # a model path that does not exist, a file it cannot run
+        from engine.bench import first_line
+
+        print(f"bench engine: cannot load {target!r}: {first_line(exc)}", file=sys.stderr)
+        if tmp is not None:
+            tmp.cleanup()
+        return 2
     prompts = held_out_prompts(args.prompts, args.prompt_chars, args.seed)
+    if not prompts:
+        print("bench engine: no held-out prompts to cut (--prompt-chars longer than the files?)", file=sys.stderr)
+        return 2
     runs = {m: ModeRun(m) for m in modes}
     limits = Limits(max_tokens=args.max_new)
     rotation = 0

@@ -131,6 +131,10 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
     from engine.gguf import resolve_gguf
     from engine.types import CompletionRequest, Limits
 
+    if args.prompts < 1 or args.max_new < 1:
+        print(f"bench llama-server: --prompts and --max-new must be at least 1 (got {args.prompts}, {args.max_new})",
+              file=sys.stderr)
+        return 2
     binary = find_server(args.server)
     if binary is None:
         print("bench llama-server: no llama-server found (--server, $PATH, or editors/fetch-llama-server-sid.sh)",
@@ -143,7 +147,13 @@ def run_bench_llama_server(args: argparse.Namespace) -> int:
         return 2
     torch.set_num_threads(args.threads)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
-    engine = load_engine(target, draft, **{**options, "quant": args.quant, "backend": args.backend})
+    try:
+        engine = load_engine(target, draft, **{**options, "quant": args.quant, "backend": args.backend})
+    except (OSError, ValueError) as exc:  # a file it cannot run, a bad --quant
+        from engine.bench import first_line
+
+        print(f"bench llama-server: cannot load {target!r}: {first_line(exc)}", file=sys.stderr)
+        return 2
     specs = [x for x in args.server_spec.split(",") if x]
     servers: dict[str, Server] = {}
     prompts = held_out_prompts(args.prompts, args.prompt_chars, args.seed)

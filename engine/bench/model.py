@@ -83,8 +83,17 @@ def run_bench_model(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bench model: {exc}", file=sys.stderr)
         return 2
-    engine = load_engine(target_dir, draft_dir, dtype=args.dtype, quant=args.quant, prompt_tokens=args.prompt_tokens,
-                         suffix_share=args.suffix_share, **options)
+    if args.windows < 0 or args.tasks < 0:
+        print(f"bench model: --windows and --tasks cannot be negative (got {args.windows}, {args.tasks})", file=sys.stderr)
+        return 2
+    try:
+        engine = load_engine(target_dir, draft_dir, dtype=args.dtype, quant=args.quant, prompt_tokens=args.prompt_tokens,
+                             suffix_share=args.suffix_share, **options)
+    except (OSError, ValueError) as exc:  # a model path that does not exist, a file it cannot run, a bad --quant
+        from engine.bench import first_line
+
+        print(f"bench model: cannot load {target_dir!r}: {first_line(exc)}", file=sys.stderr)
+        return 2
     target, draft = engine.target, engine.draft
     if args.unhealed_line_start:
         engine.line_start_probes = ()

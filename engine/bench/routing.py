@@ -91,12 +91,21 @@ def run_bench_routing(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"bench routing: {exc}", file=sys.stderr)
         return 2
-    started = time.perf_counter()
-    line = load_engine(line_target, line_draft, **line_options)
-    line_load = time.perf_counter() - started
-    started = time.perf_counter()
-    block = load_engine(block_target, block_draft, **block_options)
-    block_load = time.perf_counter() - started
+    if args.tasks < 1:
+        print(f"bench routing: --tasks must be at least 1 (got {args.tasks})", file=sys.stderr)
+        return 2
+    from engine.bench import first_line
+
+    try:
+        started = time.perf_counter()
+        line = load_engine(line_target, line_draft, **line_options)
+        line_load = time.perf_counter() - started
+        started = time.perf_counter()
+        block = load_engine(block_target, block_draft, **block_options)
+        block_load = time.perf_counter() - started
+    except (OSError, ValueError) as exc:  # a model path that does not exist, a file it cannot run
+        print(f"bench routing: cannot load a model: {first_line(exc)}", file=sys.stderr)
+        return 2
     limits = args.time_limit_ms or [150.0]
     arms: dict[str, object] = {"line model alone": line, "block model alone": block}
     routers: dict[str, Router] = {}

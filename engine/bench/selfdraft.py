@@ -282,11 +282,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_bench_selfdraft(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING)
-    heads = [None if h in ("full", "") else int(h) for h in args.heads.split(",")]
-    report = measure(args.target, [int(n) for n in args.layers.split(",") if n], heads, args.prompts, args.max_new,
-                     args.prompt_chars, args.steps, args.seed, args.confidence,
-                     [int(n) for n in args.probe.split(",") if n], out=sys.stderr if args.json else sys.stdout,
-                     eagle=args.eagle)
+    try:
+        heads = [None if h in ("full", "") else int(h) for h in args.heads.split(",")]
+        layers = [int(n) for n in args.layers.split(",") if n]
+        probe = [int(n) for n in args.probe.split(",") if n]
+    except ValueError as exc:
+        print(f"bench selfdraft: --layers, --heads and --probe take numbers ({exc})", file=sys.stderr)
+        return 2
+    if args.prompts < 1 or args.max_new < 1 or args.steps < 1:
+        print(f"bench selfdraft: --prompts, --max-new and --steps must be at least 1 "
+              f"(got {args.prompts}, {args.max_new}, {args.steps})", file=sys.stderr)
+        return 2
+    try:
+        report = measure(args.target, layers, heads, args.prompts, args.max_new,
+                         args.prompt_chars, args.steps, args.seed, args.confidence,
+                         probe, out=sys.stderr if args.json else sys.stdout, eagle=args.eagle)
+    except (OSError, ValueError) as exc:  # a model that does not exist or is not lean, an EAGLE file it cannot read
+        from engine.bench import first_line
+
+        print(f"bench selfdraft: {first_line(exc)}", file=sys.stderr)
+        return 2
     if args.json:
         print(json.dumps(report, indent=2))
     return 0

@@ -48,6 +48,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -437,6 +438,13 @@ def _new_lines(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run_bench_context(args: argparse.Namespace) -> int:
+    if not args.workspace.is_dir():  # else an empty index and a report of 0 tasks that looks like a measurement
+        print(f"bench context: {args.workspace} is not a directory", file=sys.stderr)
+        return 2
+    unknown = [a.strip() for a in args.arms.split(",") if a.strip() and _arm(a.strip())[0] not in ARMS]
+    if unknown:  # before the index builds and the model loads
+        print(f"bench context: unknown arms {unknown} (known: {', '.join(ARMS)})", file=sys.stderr)
+        return 2
     if args.new_lines > 0:
         out = _new_lines(args)
         print(json.dumps(out, indent=2 if args.json else None))

@@ -7,6 +7,7 @@ import argparse
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -32,6 +33,9 @@ def run_bench_index_yield(args: argparse.Namespace) -> int:
     from indexer import Index, IndexConfig
     from indexer.bench import percentile
 
+    if not Path(args.tree).is_dir():  # else a build of nothing, over before the first answer: a report of no arms' worth
+        print(f"bench index-yield: {args.tree} is not a directory", file=sys.stderr)
+        return 2
     engine = load_engine(DEFAULT_PACKAGE, drafter="none")  # the default model, plain decoding (no drafts to vary)
     text = DEMO.read_text()
     request = CompletionRequest(prefix=text[: len(text) // 2], path="shapes.py", mode="multi-line",

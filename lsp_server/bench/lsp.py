@@ -509,6 +509,10 @@ def run_bench_lsp(args: argparse.Namespace) -> int:
         return run_storm(args)
     if args.keys_per_s is None:
         args.keys_per_s = 12.0
+    if not args.keys_per_s > 0 or args.lines < 1:  # not > 0: NaN too
+        print(f"bench lsp: --keys-per-s must be above 0 and --lines at least 1 (got {args.keys_per_s}, {args.lines})",
+              file=sys.stderr)
+        return 2
     workspace: Path | None = args.workspace
     if workspace is None:
         print("bench lsp: a WORKSPACE to retype lines from is required (or --storm)", file=sys.stderr)
@@ -527,8 +531,12 @@ def run_bench_lsp(args: argparse.Namespace) -> int:
     runs = {"remote": True, "local": False} if args.remote and args.with_local else {"": bool(args.remote)}
     reports = {}
     for name, remote in runs.items():
-        run = asyncio.run(run_bench(workspace, tasks, args.keys_per_s, bench_settings(args, remote), args.pause_s, log=log,
-                                    revisit=args.revisit))
+        try:
+            run = asyncio.run(run_bench(workspace, tasks, args.keys_per_s, bench_settings(args, remote), args.pause_s,
+                                        log=log, revisit=args.revisit))
+        except RuntimeError as exc:  # the server's engine did not load (a model path that does not exist, ...)
+            print(f"bench lsp: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+            return 2
         reports[name] = summarize(run, args.keys_per_s)
     report = reports.get("", reports)
     print(json.dumps(report, indent=2 if args.json else None))
@@ -662,8 +670,9 @@ def run_storm(args: argparse.Namespace) -> int:
     import logging
 
     logging.getLogger("pygls").setLevel(logging.WARNING)
-    if not 0.0 <= args.fail_rate <= 1.0 or args.keystrokes < 1:
-        print("bench lsp --storm: --fail-rate is a share (0-1) and --keystrokes at least 1", file=sys.stderr)
+    if not 0.0 <= args.fail_rate <= 1.0 or args.keystrokes < 1 or not (args.keys_per_s is None or args.keys_per_s > 0):
+        print("bench lsp --storm: --fail-rate is a share (0-1), --keystrokes at least 1 and --keys-per-s above 0",
+              file=sys.stderr)
         return 2
     if args.workspace is not None and not args.workspace.is_dir():
         print(f"bench lsp: {args.workspace} is not a directory", file=sys.stderr)

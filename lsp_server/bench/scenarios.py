@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.bench import first_line
 from engine.types import CompletionRequest, Limits, SpecConfig
 from indexer.bench import percentile
 from lsp_server.config import CompletionConfig
@@ -121,12 +122,12 @@ def make_tasks(n: int, seed: int, scenarios: tuple[str, ...], count_tokens=None,
     for scenario in scenarios:
         made = 0
         for path, text in files:
+            if made >= n:  # checked first: n = 0 makes none (it used to make one task per held-out file)
+                break
             task = _cut(scenario, path, text, rng, count_tokens, room)
             if task is not None:
                 tasks.append(task)
                 made += 1
-            if made == n:
-                break
     return tasks
 
 
@@ -225,10 +226,30 @@ class Cell:
     recomputed: int = 0  # prompt tokens run through the target (the rest came from its KV cache)
 
 
+def _refused(args: argparse.Namespace) -> str | None:
+    """Why these arguments cannot run (checked before a model loads), or None."""
+    names = {"mode": ([m for m in args.modes.split(",") if m], SPEC_MODES),
+             "scenario": ([s for s in args.scenarios.split(",") if s], SCENARIOS),
+             "cache": ([c for c in args.cache.split(",") if c], CACHES)}
+    for what, (given, known) in names.items():
+        unknown = [x for x in given if x not in known]
+        if unknown:
+            return f"unknown {what} {', '.join(unknown)} (known: {', '.join(known)})"
+        if not given and what != "mode":
+            return f"no {what} given (known: {', '.join(known)})"
+    if args.n < 1:
+        return f"--n is the tasks per scenario, at least 1 (got {args.n})"
+    return None
+
+
 def run_bench_scenarios(args: argparse.Namespace) -> int:
     from engine.bundled import resolve
     from engine.engine import load_engine
 
+    refused = _refused(args)
+    if refused:
+        print(f"bench scenarios: {refused}", file=sys.stderr)
+        return 2
     try:
         target, draft, _ = resolve(args.target or "", args.draft)
     except ValueError as exc:
@@ -236,14 +257,18 @@ def run_bench_scenarios(args: argparse.Namespace) -> int:
         return 2
     modes = [m for m in args.modes.split(",") if m]
     if draft is None:  # nothing to draft with but n-gram lookup
-        modes = [m for m in modes if SPEC_MODES[m].drafter not in ("draft", "hybrid")] if all(m in SPEC_MODES for m in modes) else modes
+        modes = [m for m in modes if SPEC_MODES[m].drafter not in ("draft", "hybrid")]
     if "plain" not in modes:
         modes.insert(0, "plain")
-    engine = load_engine(target, draft, dtype=args.dtype)
+    try:
+        engine = load_engine(target, draft, dtype=args.dtype)
+    except (OSError, ValueError) as exc:  # a model path that does not exist, a file it cannot run
+        print(f"bench scenarios: cannot load {target!r}: {first_line(exc)}", file=sys.stderr)
+        return 2
     tok = engine.target.tokenizer
     tasks = make_tasks(args.n, args.seed, tuple(s for s in args.scenarios.split(",") if s),
                        count_tokens=lambda text: len(tok.encode(text, add_special_tokens=False)), room=engine.capacity // 2)
-    caches = [c for c in CACHES if c in args.cache.split(",")] or ["warm"]
+    caches = [c for c in CACHES if c in args.cache.split(",")]
     cells = {(s, m, c): Cell() for s in SCENARIOS for m in [*modes, ORACLE] for c in caches}
     degenerate_count = {s: 0 for s in SCENARIOS}
     history_dependent = {s: 0 for s in SCENARIOS}  # tasks whose plain answer differs between cache states
