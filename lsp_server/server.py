@@ -659,6 +659,7 @@ class DiskChanges:
     """
 
     _BACK = "back"  # a removed directory that files were reported in since: a new removal is no copy
+    MAX_SEEN = 8192  # paths remembered (every path a week's file events named, build outputs too, was kept)
 
     def __init__(self) -> None:
         self._seen: dict[str, tuple[Any, int]] = {}  # path -> (its state, the number of that change)
@@ -674,7 +675,12 @@ class DiskChanges:
         if last is not None and last[0] == state and not any(self._removed_since(p, last[1]) for p in parents):
             return False
         self._count += 1
+        self._seen.pop(key, None)  # to the end: the oldest change is the first to go past MAX_SEEN
         self._seen[key] = (state, self._count)
+        while len(self._seen) > self.MAX_SEEN:
+            # a forgotten change lets its copy from the other watcher through: one more index touch. A
+            # directory's removal is newer than the states it voids, so it outlives them
+            self._seen.pop(next(iter(self._seen)))
         if state is not None:
             for parent in parents:  # it exists again: its next removal is a new one
                 seen = self._seen.get(parent)

@@ -92,3 +92,16 @@ def test_an_external_write_to_a_file_with_unsaved_changes_keeps_the_buffer_in_th
     app.disk_changed(str(lib), deleted=True)
     assert index.calls[-1] == ("touch", str(lib), "def typed_again(): pass\n")
     app.close()
+
+
+def test_the_paths_remembered_stay_bounded_and_a_copy_of_a_recent_change_still_passes_once(tmp_path):
+    """Every path a long session's file events named was remembered for good (build outputs too)."""
+    changes = DiskChanges()
+    bound = getattr(DiskChanges, "MAX_SEEN", 8192)
+    for i in range(bound + 300):
+        assert changes.is_new(str(tmp_path / f"gone{i}.o"), deleted=True)
+    assert len(changes._seen) <= bound
+    recent = tmp_path / "b.py"
+    recent.write_text("x = 1\n")
+    assert changes.is_new(str(recent), deleted=False)
+    assert not changes.is_new(str(recent), deleted=False)  # the other watcher's copy
