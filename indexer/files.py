@@ -33,6 +33,11 @@ class FileEntry:
     size: int
 
 
+# a notebook's file may be this many times max_file_bytes: a few plots take a data-science notebook past
+# 1 MB, and it was skipped whole as too large for a few KB of code
+NOTEBOOK_RAW_FACTOR = 50
+
+
 def notebook_code(text: str) -> str | None:
     """A Jupyter notebook's code cells, in order, each followed by a blank line (how the server shows a
     notebook to the model, lsp_server.documents.in_notebook); None when ``text`` is no notebook. Its
@@ -444,7 +449,7 @@ class FileFilter:
                 seen_dirs.add(key)
                 stack.append(self._entries(path, result))
             elif stat.S_ISREG(st.st_mode):
-                if st.st_size > self.config.max_file_bytes:
+                if st.st_size > self.raw_limit(path):
                     self._skip(result, path, "too_large", st.st_size)
                     continue
                 if is_link:
@@ -456,6 +461,11 @@ class FileFilter:
                 result.files.append(FileEntry(str(path), st.st_mtime, st.st_size))
             else:
                 self._skip(result, path, "not_regular")
+
+    def raw_limit(self, path: str | Path) -> int:
+        """The most bytes a file may have on disk: max_file_bytes, and for a notebook NOTEBOOK_RAW_FACTOR
+        times that (its plots' base64 and printed outputs are no code: its code cells must fit max_file_bytes)."""
+        return self.config.max_file_bytes * (NOTEBOOK_RAW_FACTOR if is_notebook(str(path)) else 1)
 
     # ---- reading ------------------------------------------------------
     def read(self, path: str, overlay: str | None = None) -> tuple[SourceFile | None, str | None]:
@@ -472,15 +482,16 @@ class FileFilter:
             st = os.stat(path)
             if not stat.S_ISREG(st.st_mode):
                 return None, "not_regular"
-            if st.st_size > self.config.max_file_bytes:
+            limit = self.raw_limit(path)
+            if st.st_size > limit:
                 return None, "too_large"
             with open(path, "rb") as fh:
-                data = fh.read(self.config.max_file_bytes + 1)
+                data = fh.read(limit + 1)
         except FileNotFoundError:
             return None, "vanished"
         except OSError as exc:
             return None, "symlink_loop" if exc.errno == errno.ELOOP else "unreadable"
-        if len(data) > self.config.max_file_bytes:
+        if len(data) > limit:
             return None, "too_large"
         if b"\0" in data[:_BINARY_SNIFF_BYTES]:
             return None, "binary"
@@ -494,6 +505,8 @@ class FileFilter:
             text = notebook_code(text)
             if text is None:
                 return None, "bad_notebook"
+            if len(text.encode("utf-8", "replace")) > self.config.max_file_bytes:
+                return None, "too_large"
         if self.content_is_secret(text):
             return None, "secret_content"
         return SourceFile(path, text, st.st_mtime, st.st_size, content_digest(text)), None

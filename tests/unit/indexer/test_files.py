@@ -193,3 +193,24 @@ def test_links_out_of_the_workspace_are_not_followed_unless_asked(workspace, tmp
     files, _ = walk(workspace, symlinks_outside_roots=True)
     assert {"creds.py", "lib/util.py"} <= set(files)
     assert FileFilter([workspace], IndexConfig(symlinks_outside_roots=True)).path_reason(workspace / "creds.py") is None
+
+
+def test_a_notebook_with_large_outputs_is_indexed_as_its_code(tmp_path):
+    """A plot or two took a notebook past max_file_bytes and it was skipped whole for a few lines of code;
+    its code cells are what must fit."""
+    import json
+
+    plot = {"output_type": "display_data", "data": {"image/png": "iVBORw0KGgo" * 30_000}}  # ~330 KB
+    small = {"cells": [{"cell_type": "code", "source": "import pandas as pd\ndf = pd.read_csv('x.csv')\n",
+                        "outputs": [plot]}]}
+    big_code = {"cells": [{"cell_type": "code", "source": "x = 1\n" * 30_000, "outputs": []}]}
+    (tmp_path / "plots.ipynb").write_text(json.dumps(small))
+    (tmp_path / "huge.ipynb").write_text(json.dumps(big_code))
+    (tmp_path / "data.py").write_text("y = 2\n" * 30_000)
+    cfg = IndexConfig(cache_dir=tmp_path / ".cache", max_file_bytes=100_000)
+    filt = FileFilter([tmp_path], cfg)
+    walked = {Path(e.path).name for e in filt.walk().files}
+    assert "plots.ipynb" in walked and "data.py" not in walked
+    src, reason = filt.read(str(tmp_path / "plots.ipynb"))
+    assert reason is None and src.text.startswith("import pandas as pd\n")
+    assert filt.read(str(tmp_path / "huge.ipynb")) == (None, "too_large")  # its code is past the limit
