@@ -33,7 +33,8 @@ ARCHITECTURES = ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "sta
 QUANT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
                "MXFP4")
-CONVERTED_VERSION = 2  # bump when what is written to the cache changes (2: digits split, see DIGIT_SPLIT_PRE)
+CONVERTED_VERSION = 3  # bump when what is written to the cache changes (2: digits split, see DIGIT_SPLIT_PRE;
+# 3: the file's RoPE scaling, see rope_scaling)
 # llama.cpp's pre-tokenizers that split every digit off before the GPT-2 pattern (its regexes "\p{N}" and
 # then GPT-2's). transformers' GGUF loader knows none of these names and falls back to GPT-2's split,
 # so SmolLM2's converted tokenizer read "\n    1" as `\n   `, ` `, `1` where the model was trained on
@@ -54,6 +55,94 @@ class GgufInfo:
     context_length: int
     tensors: int
     tokenizer_pre: str = ""  # tokenizer.ggml.pre: llama.cpp's name for how text is split before BPE
+    # RoPE scaling the file asks for, as Hugging Face rope_parameters entries (rope_type, factor, ...);
+    # () for plain RoPE. transformers' GGUF loader reads none of it for these architectures (see rope_scaling)
+    rope: tuple[tuple[str, Any], ...] = ()
+
+
+def _llama3_factors(inv_freq: Any, factor: float, low: float, high: float, original: float) -> Any:
+    """llama.cpp's rope_freqs.weight for Llama 3's rope scaling (its converter's formula; transformers'
+    `_compute_llama3_parameters` divides each frequency by the same numbers)."""
+    import numpy as np
+
+    wavelen = 2 * np.pi / inv_freq
+    smooth = (original / wavelen - low) / (high - low)
+    medium = 1 / ((1 - smooth) / factor + smooth)
+    return np.where(wavelen < original / high, 1.0, np.where(wavelen > original / low, factor, medium))
+
+
+def _llama3_from_freqs(name: str, freqs: Any, theta: float, original: int) -> dict[str, Any] | None:
+    """Llama 3's rope_parameters that give `freqs` (a file's rope_freqs.weight: one divisor per rotated
+    pair), None where they are all 1 (plain RoPE); UnsupportedGguf where no such parameters fit.
+
+    The file keeps only the divisors; the parameters are found from them (Llama 3.1-3.3: factor 8, low 1,
+    high 4 over 8,192 positions, else solved from the divisors between the two ends) and checked by
+    recomputing every divisor."""
+    import numpy as np
+
+    freqs = np.asarray(freqs, dtype=np.float64).reshape(-1)
+    if freqs.size == 0 or np.allclose(freqs, 1.0, rtol=0, atol=1e-6):
+        return None
+    inv_freq = theta ** (-np.arange(freqs.size, dtype=np.float64) * 2 / (2 * freqs.size))
+    factor = float(freqs.max())
+    candidates = [(1.0, 4.0)]
+    medium = (freqs > 1 + 1e-4) & (freqs < factor * (1 - 1e-4))
+    if medium.sum() >= 2 and factor > 1:
+        # smooth = original / (high - low) / wavelen - low / (high - low), a line in 1 / wavelen
+        smooth = (1 / freqs[medium] - 1 / factor) / (1 - 1 / factor)
+        slope, intercept = np.polyfit(inv_freq[medium] / (2 * np.pi), smooth, 1)
+        if slope > 0 and intercept < 0:
+            low = -intercept * original / slope
+            candidates.append((round(float(low), 4), round(float(low + original / slope), 4)))
+    for low, high in candidates:
+        if np.allclose(_llama3_factors(inv_freq, factor, low, high, original), freqs, rtol=1e-3, atol=1e-4):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": low, "high_freq_factor": high,
+                    "original_max_position_embeddings": int(original)}
+    raise UnsupportedGguf(f"{name}: rope_freqs.weight holds RoPE frequency factors that are not Llama 3's "
+                          "rope scaling; draftline cannot run them")
+
+
+def rope_scaling(reader: Any, arch: str, name: str) -> dict[str, Any]:
+    """The RoPE scaling a GGUF file asks for, as Hugging Face rope_parameters entries ({} for plain RoPE).
+
+    transformers' GGUF loader reads none of it for llama, qwen2 and the rest (only gpt-oss): converted
+    as it was, a Llama 3.2 file (its rope_freqs.weight) or a file with `rope.scaling.type` linear or
+    yarn silently ran with plain RoPE, other numbers than llama.cpp's. Scaling draftline cannot express
+    (longrope's factor tensors, an unknown type) is refused: UnsupportedGguf."""
+    def value(key: str, default=None):
+        f = reader.fields.get(f"{arch}.{key}")
+        return f.contents() if f is not None else default
+
+    kind = str(value("rope.scaling.type", "") or "").lower()
+    factor = value("rope.scaling.factor")
+    original = value("rope.scaling.original_context_length")
+    if not kind and value("rope.scale_linear") is not None:  # the key older converters wrote
+        kind, factor = "linear", value("rope.scale_linear")
+    tensors = {t.name: t for t in reader.tensors}
+    if any(n.startswith(("rope_factors_long", "rope_factors_short")) for n in tensors) or kind == "longrope":
+        raise UnsupportedGguf(f"{name}: longrope RoPE scaling (rope_factors_long/short) is not supported")
+    out: dict[str, Any] = {}
+    if kind in ("linear", "yarn") and factor is not None and float(factor) != 1.0:
+        out = {"rope_type": kind, "factor": float(factor)}
+        if kind == "yarn":
+            if original:
+                out["original_max_position_embeddings"] = int(original)
+            for key, hf in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+                if (v := value(f"rope.scaling.{key}")) is not None:
+                    out[hf] = float(v)
+    elif kind not in ("", "none", "linear", "yarn"):
+        raise UnsupportedGguf(f"{name}: RoPE scaling type {kind!r} is not supported")
+    if "rope_freqs.weight" in tensors:
+        if out:
+            raise UnsupportedGguf(f"{name}: both rope_freqs.weight and {kind} RoPE scaling; draftline cannot run that")
+        import numpy as np
+
+        from gguf import dequantize
+
+        t = tensors["rope_freqs.weight"]
+        freqs = np.asarray(dequantize(t.data, t.tensor_type))
+        out = _llama3_from_freqs(name, freqs, float(value("rope.freq_base", 10000.0)), int(original or 8192)) or {}
+    return out
 
 
 def cache_root() -> Path:
@@ -89,9 +178,20 @@ def resolve_gguf(spec: str) -> Path | None:
         return None
     path = Path(spec).expanduser()
     if path.suffix.lower() == ".gguf":
+        if path.is_dir():
+            raise UnsupportedGguf(f"{path}: a directory, not a GGUF file")
         if not path.is_file():
             raise FileNotFoundError(f"GGUF file not found: {path}")
         return path
+    if path.is_dir() and not (path / "config.json").is_file():
+        # the folder LM Studio or a download keeps a GGUF in: its file (transformers read the folder as a
+        # Hugging Face directory and failed asking for sentencepiece or tiktoken)
+        files = sorted(p for p in path.glob("*.gguf") if p.is_file())
+        if len(files) == 1:
+            return files[0]
+        if files:
+            raise UnsupportedGguf(f"{path}: holds {len(files)} GGUF files ({', '.join(p.name for p in files[:4])}"
+                                  f"{', ...' if len(files) > 4 else ''}); name the one to run")
     if path.exists() or "/" in spec or os.sep in spec:
         return None  # a directory or a hub id
     return package_gguf(spec)
@@ -111,28 +211,38 @@ def inspect(path: str | os.PathLike) -> GgufInfo:
         f = reader.fields.get(key)
         return f.contents() if f is not None else default
 
+    if int(field("split.count", 0) or 0) > 1:
+        raise UnsupportedGguf(f"{path.name}: part {int(field('split.no', 0) or 0) + 1} of a GGUF split into "
+                              f"{int(field('split.count'))} files; draftline reads single-file GGUFs (join the "
+                              "parts with llama.cpp's `llama-gguf-split --merge FIRST-PART OUT.gguf`)")
     arch = str(field("general.architecture", "?"))
     counts: dict[str, int] = {}
     for t in reader.tensors:
         counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
     types = tuple(sorted(counts, key=counts.get, reverse=True))
-    info = GgufInfo(path, arch, str(field("general.name", path.stem)), types,
-                    int(field(f"{arch}.context_length", 0) or 0), len(reader.tensors),
-                    str(field("tokenizer.ggml.pre", "") or ""))
     if arch not in ARCHITECTURES:
         raise UnsupportedGguf(f"{path.name}: architecture {arch!r} is not supported "
                               f"(supported: {', '.join(ARCHITECTURES)})")
     if bad := [t for t in types if t not in QUANT_TYPES]:
         raise UnsupportedGguf(f"{path.name}: quant type(s) {', '.join(bad)} are not supported "
                               f"(supported: {', '.join(QUANT_TYPES)})")
-    return info
+    rope = tuple(sorted(rope_scaling(reader, arch, path.name).items()))
+    return GgufInfo(path, arch, str(field("general.name", path.stem)), types,
+                    int(field(f"{arch}.context_length", 0) or 0), len(reader.tensors),
+                    str(field("tokenizer.ggml.pre", "") or ""), rope)
 
 
 def _recorded(path: str | os.PathLike, key: str) -> Any:
     """`key` of the file's GgufInfo as its conversion recorded it (converting it first if need be:
     loading it does that anyway); reading the file with GGUFReader costs ~2 s per start."""
     try:
-        return json.loads((converted(path) / "draftline-source.json").read_text())[key]
+        source = converted(path) / "draftline-source.json"
+    except OSError:  # a cache it cannot write: the header says it
+        return getattr(inspect(path), key)
+    # a file the conversion refused is refused here: read again from the header, the caller went on to
+    # load it and converted it a second time (a second ~20 s for the same refusal)
+    try:
+        return json.loads(source.read_text())[key]
     except (OSError, ValueError, KeyError):
         return getattr(inspect(path), key)
 
@@ -256,6 +366,16 @@ def check_vocabulary(path: Path, tokenizer: Any, rows: int, tokens: list[str] | 
                               f"at {differ} of {len(tokens)} ids; it is not the file's own tokenizer")
 
 
+def _derived(model: Any, key: str) -> bool:
+    """Is `key` a tensor a model makes from others (a tied output head) or by itself (RoPE buffers)?"""
+    if "rotary" in key or key.endswith("inv_freq"):
+        return True
+    head = model.get_output_embeddings()
+    return bool(getattr(model.config, "tie_word_embeddings", False)) and head is not None and \
+        key.endswith("weight") and key.rsplit(".", 1)[0] == next(
+            (n for n, m in model.named_modules() if m is head), None)
+
+
 def _publish(tmp: Path, out: Path) -> bool:
     """Rename a finished conversion `tmp` to `out`; False (and `tmp` left to its owner to delete) where
     another process converting the same file got there first: its directory stays, as it may be
@@ -304,7 +424,15 @@ def converted(path: str | os.PathLike) -> Path:
     kwargs = {"gguf_file": path.name, "local_files_only": True}
     tokenizer = AutoTokenizer.from_pretrained(source, **kwargs)
     split_digits(tokenizer, info.tokenizer_pre)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, **kwargs)
+    model, loading = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32, output_loading_info=True,
+                                                          **kwargs)
+    # weights the file lacks are random numbers in the model transformers built (a tensor name it does
+    # not map, a file cut short of its layers): a model that only looks like it runs
+    if missing := sorted(k for k in loading.get("missing_keys") or () if not _derived(model, k)):
+        raise UnsupportedGguf(f"{path.name}: the file has no weights for {len(missing)} of the model's tensors "
+                              f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    if info.rope:  # the scaling transformers' loader left out (rope_scaling)
+        model.config.rope_parameters = {**(getattr(model.config, "rope_parameters", None) or {}), **dict(info.rope)}
     head = model.get_output_embeddings()
     rows = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
     check_vocabulary(path, tokenizer, rows, _gguf_tokens(path))
@@ -318,7 +446,7 @@ def converted(path: str | os.PathLike) -> Path:
     tokenizer.save_pretrained(tmp)
     (tmp / "draftline-source.json").write_text(json.dumps(
         {"gguf": str(path), "architecture": info.architecture, "name": info.name, "quant_types": info.quant_types,
-         "tokenizer_pre": info.tokenizer_pre}))
+         "tokenizer_pre": info.tokenizer_pre, "rope": dict(info.rope)}))
     # atomic: a crash mid-conversion leaves no half directory under the final name
     if _publish(tmp, out):
         log.info("converted %s in %.1fs", path.name, time.perf_counter() - started)

@@ -190,7 +190,7 @@ def supports(model: Any) -> str | None:
         return f"model_type {cfg.model_type}"
     for rope in (getattr(cfg, "rope_scaling", None), getattr(cfg, "rope_parameters", None)):
         rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-        if rope_type not in (None, "default"):
+        if rope_type not in ROPE_TYPES:
             return f"rope scaling {rope_type}"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"activation {cfg.hidden_act}"
@@ -306,6 +306,39 @@ def _save_packed(path: Path, linears: Mapping[str, "Linear"], layout: str) -> No
         log.warning("could not keep the quantized weights in %s: %s", path, exc)
 
 
+# RoPE variants the decoder computes (transformers' rope_type names): these change the frequencies only,
+# not the attention's scale (yarn, longrope and dynamic do: they run on transformers)
+ROPE_TYPES = (None, "default", "linear", "llama3")
+
+
+def _rope_scaling(cfg) -> dict:
+    """The config's RoPE scaling entries (rope_parameters in transformers 5, rope_scaling before)."""
+    for rope in (getattr(cfg, "rope_parameters", None), getattr(cfg, "rope_scaling", None)):
+        if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) not in (None, "default"):
+            return rope
+    return {}
+
+
+def inv_freq(cfg, head_dim: int) -> torch.Tensor:
+    """RoPE's inverse frequencies (head_dim / 2,), float32, with linear or Llama 3 scaling applied as
+    transformers' `_compute_linear_scaling_rope_parameters` / `_compute_llama3_parameters` do."""
+    inv = 1.0 / (_rope_theta(cfg) ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    rope = _rope_scaling(cfg)
+    kind = rope.get("rope_type", rope.get("type"))
+    if kind == "linear":
+        inv = inv / float(rope["factor"])
+    elif kind == "llama3":
+        factor, low, high = float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+        old = float(rope["original_max_position_embeddings"])
+        wavelen = 2 * torch.pi / inv
+        scaled = torch.where(wavelen > old / low, inv / factor, inv)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) * ~(wavelen > old / low)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
 def _rope_theta(cfg) -> float:
     theta = getattr(cfg, "rope_theta", None)
     params = getattr(cfg, "rope_parameters", None)
@@ -419,7 +452,7 @@ class LeanLM:
         if cache is not None and not packed:
             _save_packed(cache, linears, packed_layout(native))
         self.ffn = source["model.layers.0.mlp.gate_proj.weight"].shape[0]
-        inv = 1.0 / (_rope_theta(cfg) ** (torch.arange(0, self.head_dim, 2, dtype=torch.float32) / self.head_dim))
+        inv = inv_freq(cfg, self.head_dim)
         angles = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)  # (L, D/2)
         emb = torch.cat([angles, angles], -1)
         # sin with its first half negated: rotate-half(x) * sin is then roll(x, D/2) * sin, one op fewer
