@@ -9,6 +9,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -65,7 +66,7 @@ class Engine:
         self.config = config
         self.base_spec = config.spec  # as configured; apply_overrides derives config.spec from it
         tok = target.tokenizer
-        template = TEMPLATES[config.template] if config.template != "auto" else detect_template(tok, target.name)
+        template = TEMPLATES[config.template] if config.template != "auto" else detect_template(tok, Path(str(target.name)).name)
         if draft is not None:
             check_draft_rows(target, draft)
         shared = min(target.vocab_size, draft.vocab_size) if draft else None

@@ -85,11 +85,13 @@ def adds_bos(tokenizer: Any) -> bool:
 
 
 def detect_template(tokenizer: Any, hint: str = "") -> FimTemplate:
-    """Pick the family from the tokenizer's special tokens (a family name in `hint` wins)."""
-    for name, template in TEMPLATES.items():
-        if name in hint.lower() and name != "plain":
-            return template
+    """Pick the family from the tokenizer's special tokens (a family named in `hint`, the model's file or
+    directory name, wins where the tokenizer has its tokens: a folder named "draftline models" or "smollm"
+    picked a template whose tokens the model lacked, and every completion failed)."""
     vocab = tokenizer.get_vocab()
+    for name, template in TEMPLATES.items():
+        if name in hint.lower() and name != "plain" and _has_tokens(template, vocab):
+            return template
     if "<|draftline|>" in vocab:
         return DRAFTLINE
     for template in (QWEN25_CODER, STARCODER2, DEEPSEEK_CODER, CODELLAMA):
@@ -98,6 +100,12 @@ def detect_template(tokenizer: Any, hint: str = "") -> FimTemplate:
     if SMOLLM.file_sep in vocab and "<filename>" in vocab:  # file tokens without FIM tokens
         return SMOLLM
     return PLAIN
+
+
+def _has_tokens(template: FimTemplate, vocab: Any) -> bool:
+    """Does the vocabulary hold every special token the template writes?"""
+    named = (template.prefix, template.suffix, template.middle, template.repo_name, template.file_sep)
+    return all(token in vocab for token in named if token)
 
 
 @dataclass(frozen=True)

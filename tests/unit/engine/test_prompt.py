@@ -55,7 +55,26 @@ def test_deepseek_uses_full_width_bars():
 def test_detect_bundled_family(tokenizer_dir):
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     assert detect_template(tok) is DRAFTLINE
-    assert detect_template(tok, hint="Qwen2.5-Coder-7B") is QWEN25_CODER
+    # the hint names a family whose <|repo_name|> this vocabulary lacks: its own tokens decide
+    assert detect_template(tok, hint="Qwen2.5-Coder-7B") is DRAFTLINE
+
+
+class _Vocab:
+    def __init__(self, *tokens: str):
+        self.vocab = {t: i for i, t in enumerate(tokens)}
+
+    def get_vocab(self):
+        return self.vocab
+
+
+def test_a_family_in_the_name_wins_only_where_the_tokenizer_has_its_tokens():
+    """A GGUF in a folder named "draftline models" (or a file named after SmolLM) picked a template whose
+    special tokens the model lacked: every completion failed converting a missing token to an id."""
+    qwen = _Vocab("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|repo_name|>", "<|file_sep|>")
+    assert detect_template(qwen, hint="Qwen2.5-Coder-7B-Q4_K_M.gguf") is QWEN25_CODER
+    plain = _Vocab("<s>", "</s>", "hello")
+    assert detect_template(plain, hint="/tmp/draftline models/llama.gguf") is PLAIN
+    assert detect_template(plain, hint="my-smollm-finetune.gguf") is PLAIN
 
 
 def _lines(n: int) -> str:
