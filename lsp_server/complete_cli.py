@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
@@ -16,6 +17,8 @@ from lsp_server.config import WORKSPACE_FILE, Config, resolve_config
 from lsp_server.documents import Snapshot, display_path, language_id, lsp_lines
 from lsp_server.engines import make_engine
 from lsp_server.index_handle import open_index
+
+log = logging.getLogger(__name__)
 
 
 def describe(completion: Completion) -> dict[str, Any]:
@@ -45,6 +48,10 @@ def parse_location(location: str) -> tuple[Path, int, int]:
     return Path(path), max(int(line) - 1, 0), max(int(col) - 1, 0)
 
 
+class ModelLoadError(RuntimeError):
+    """The configured model could not be loaded (the message says which and why)."""
+
+
 def complete_file(path: Path, line: int, col: int, config: Config, retriever: Retriever | None = None,
                   workspace: Path | None = None) -> Completion:
     """One completion at a 0-based position of a file on disk (the CLI path, no LSP).
@@ -58,7 +65,10 @@ def complete_file(path: Path, line: int, col: int, config: Config, retriever: Re
     snap = Snapshot(uri=path.resolve().as_uri(), version=0, language=language_id(path),
                     path=display_path(str(path.resolve()), roots), before=text[:offset], after=text[offset:])
     started = time.perf_counter()
-    engine = make_engine(config.model)
+    try:
+        engine = make_engine(config.model)
+    except (ValueError, OSError, RuntimeError) as exc:  # a file that is not a model, not there, refused
+        raise ModelLoadError(f"cannot load the model {config.model.target or '(the default)'}: {exc}") from exc
     loaded_ms = (time.perf_counter() - started) * 1e3
     completer = Completer(engine, config.completion, retriever, roots)
     request = build_request(snap, config.completion, roots)
@@ -70,7 +80,14 @@ def complete_file(path: Path, line: int, col: int, config: Config, retriever: Re
 
 def run_complete(args: Any) -> int:
     """``draftline complete FILE:LINE:COL``: print the suggestion and its stats."""
-    path, line, col = parse_location(args.location)
+    try:
+        path, line, col = parse_location(args.location)
+    except ValueError:
+        print(f"draftline complete: {args.location!r} is not FILE:LINE:COL (1-based numbers)", file=sys.stderr)
+        return 2
+    if not path.is_file():
+        print(f"draftline complete: {path}: no such file", file=sys.stderr)
+        return 2
     workspace = args.workspace or find_workspace(path)
     cli: dict[str, Any] = {"model": {k: v for k, v in (("target", args.target), ("draft", args.draft)) if v}}
     if args.mode:
@@ -88,6 +105,10 @@ def run_complete(args: Any) -> int:
         index.build()
     try:
         completion = complete_file(path, line, col, config, index, workspace)
+    except ModelLoadError as exc:
+        log.debug("model load failed", exc_info=True)
+        print(f"draftline complete: {exc}", file=sys.stderr)
+        return 2
     finally:
         if index is not None and hasattr(index, "close"):
             index.close()

@@ -159,6 +159,25 @@ def test_cli_complete_prints_json(tmp_path, capsys, monkeypatch):
     assert main(["complete", f"{src}:1:1"]) == 2  # no --target: refused
 
 
+def test_cli_complete_says_in_one_line_what_is_wrong(tmp_path, capsys, monkeypatch):
+    """A missing file, a location without numbers and a model file that is no model each ended in a traceback."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-user-config"))
+    monkeypatch.setenv("DRAFTLINE_CACHE_DIR", str(tmp_path / "cache"))
+    from lsp_server.cli import main
+
+    src = tmp_path / "a.py"
+    src.write_text("x = 1\n")
+    (tmp_path / ".draftline.toml").write_text('[index.options]\nembedder = "none"\n')
+    (tmp_path / "empty.gguf").write_bytes(b"")
+    for argv, says in ((["complete", f"{tmp_path}/gone.py:1:1"], "no such file"),
+                       (["complete", f"{src}"], "is not FILE:LINE:COL"),
+                       (["complete", f"{src}:1:5", "--workspace", str(tmp_path), "--target", str(tmp_path / "empty.gguf")],
+                        "cannot load the model")):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err
+
+
 def test_cli_complete_prompt_shows_what_the_model_gets(tmp_path, capsys, monkeypatch):
     from engine.bundled import tiny_pair
 
