@@ -33,6 +33,7 @@ ARCHITECTURES = ("llama", "qwen2", "qwen2moe", "qwen3", "qwen3moe", "phi3", "sta
 QUANT_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_NL", "IQ4_XS", "TQ1_0", "TQ2_0",
                "MXFP4")
+UNKNOWN_CONTEXT = 2048  # positions assumed for a file whose context_length is 0 or missing (Llama's default)
 CONVERTED_VERSION = 3  # bump when what is written to the cache changes (2: digits split, see DIGIT_SPLIT_PRE;
 # 3: the file's RoPE scaling, see rope_scaling)
 # llama.cpp's pre-tokenizers that split every digit off before the GPT-2 pattern (its regexes "\p{N}" and
@@ -431,6 +432,11 @@ def converted(path: str | os.PathLike) -> Path:
     if missing := sorted(k for k in loading.get("missing_keys") or () if not _derived(model, k)):
         raise UnsupportedGguf(f"{path.name}: the file has no weights for {len(missing)} of the model's tensors "
                               f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})")
+    if not int(getattr(model.config, "max_position_embeddings", 0) or 0):
+        # a file that says 0 (or nothing): the engine budgets its prompts to this, and at 0 every
+        # completion was empty without a word why
+        log.warning("%s: the file gives no context length; assuming %d tokens", path.name, UNKNOWN_CONTEXT)
+        model.config.max_position_embeddings = UNKNOWN_CONTEXT
     if info.rope:  # the scaling transformers' loader left out (rope_scaling)
         model.config.rope_parameters = {**(getattr(model.config, "rope_parameters", None) or {}), **dict(info.rope)}
     head = model.get_output_embeddings()

@@ -380,3 +380,13 @@ def test_a_refused_conversion_is_not_run_twice(tmp_path, monkeypatch):
     with pytest.raises(eg.UnsupportedGguf, match="refused.gguf: the converted tokenizer is not the file's own"):
         load_engine(str(path), device="cpu")
     assert len(calls) == 1
+
+
+def test_a_file_without_a_context_length_gets_a_usable_one(tmp_path):
+    """`context_length = 0` became max_position_embeddings 0: an engine of capacity 0 whose every
+    completion was empty, with no word why."""
+    from engine.engine import load_engine
+
+    path = write_gguf(tmp_path / "noctx.gguf", Spec(ctx=0))
+    assert _converted_config(path)["max_position_embeddings"] == eg.UNKNOWN_CONTEXT
+    assert load_engine(str(path)).capacity > 0
