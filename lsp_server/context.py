@@ -76,15 +76,43 @@ def nearby_identifiers(before_lines: Sequence[str], current: str, after_line: st
     return [w for w in words if w not in _COMMON and len(w) > 2 and not (w in seen or seen.add(w))]
 
 
+# The query and the nearby identifiers read at most this much of a line: a minified bundle's one line of
+# 200,000 characters was a 100,000-word query (~1 s of BM25 term splitting) and ~40 ms of identifiers a keystroke
+LINE_CHARS = 1000
+
+
+def _line_head(line: str) -> str:
+    """A line's first LINE_CHARS characters, without a word cut at the end."""
+    return line if len(line) <= LINE_CHARS else re.sub(r"\w+$", "", line[:LINE_CHARS])
+
+
+def _line_tail(line: str) -> str:
+    """A line's last LINE_CHARS characters, without a word cut at the start (the one at the end is kept)."""
+    return line if len(line) <= LINE_CHARS else re.sub(r"^\w+", "", line[-LINE_CHARS:])
+
+
+def _lines_above(before: str, line_start: int, n: int) -> list[str]:
+    """The ``n`` lines that end at ``line_start`` (found from there: the document above may be 30,000 lines)."""
+    out: list[str] = []
+    end = line_start - 1  # the "\n" that ends the line above
+    while end >= 0 and len(out) < n:
+        start = before.rfind("\n", 0, end) + 1
+        out.append(_line_head(before[start:end]))
+        end = start - 1
+    return out[::-1]
+
+
 def build_context(before: str, after: str, prefix_window: str, path: str, language: str, query_lines: int) -> Context:
     """The context of a cursor: ``before``/``after`` are the whole document around it."""
     cursor_line = before.count("\n") + 1  # 1-based
     window_first = cursor_line - prefix_window.count("\n")
     after_lines = after.count("\n")
     line_start = before.rfind("\n") + 1
-    current = before[line_start:]
-    lines_above = before[:line_start].split("\n")[:-1][-query_lines:] if line_start else []
-    next_line = after.split("\n", 1)[0]
+    typed = before[line_start:]
+    current = _line_tail(typed)
+    lines_above = _lines_above(before, line_start, query_lines)
+    next_end = after.find("\n")
+    next_line = _line_head(after[: next_end if next_end >= 0 else LINE_CHARS + 1])
     # the lines above (stable while typing within a line); the current line only when there are none
     query = "\n".join((lines_above or [current]) + [next_line]).strip()
     return Context(
@@ -93,9 +121,9 @@ def build_context(before: str, after: str, prefix_window: str, path: str, langua
         nearby=tuple(nearby_identifiers(lines_above, current, next_line)),
         query=query,
         head=before[:line_start],
-        tail=after.split("\n", 1)[1] if "\n" in after else "",
-        hint=cursor_hint(current[-200:]),
-        line=current[-200:],
+        tail=after[next_end + 1:] if next_end >= 0 else "",
+        hint=cursor_hint(typed[-200:]),
+        line=typed[-200:],
     )
 
 

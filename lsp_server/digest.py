@@ -92,14 +92,17 @@ def import_region(text: str) -> str:
     last = None
     for last in _IMPORT_LINE.finditer(text):
         pass
-    if last is None:
-        return ""
-    end = text.find("\n", last.end())
+    return "" if last is None else _region_to(text, last.span())
+
+
+def _region_to(text: str, last: tuple[int, int]) -> str:
+    """``import_region`` of ``text`` whose last import-like match spans ``last``."""
+    end = text.find("\n", last[1])
     # a parenthesised import goes on: take the lines up to the next one that starts at column 0, blank
     # lines included while its parenthesis is open (gofmt groups a Go import block with blank lines)
     while end >= 0 and end + 1 < len(text):
         nxt = end + 1
-        if text[nxt] == "\n" and _open_parens(text[last.start() : nxt]) > 0:
+        if text[nxt] == "\n" and _open_parens(text[last[0] : nxt]) > 0:
             while nxt < len(text) and text[nxt] == "\n":
                 nxt += 1
             if nxt < len(text) and text[nxt] in " \t)]}":
@@ -116,15 +119,39 @@ def _open_parens(text: str) -> int:
     return text.count("(") - text.count(")")
 
 
+def _extends(text: str, prev: str) -> bool:
+    """Does ``text`` go on from ``prev``, a run of whole lines (so no match of a line runs across the join)?"""
+    return (not prev or prev.endswith("\n")) and text.startswith(prev)
+
+
 class ImportCache:
     """Parsed imports per import region (typing below the imports never re-parses them)."""
 
     def __init__(self, size: int = 64):
         self._seen: dict[tuple[str, str], list[Import]] = {}
         self._size = size
+        # path -> (the text last asked about, the spans of its import-like lines): the next text, the head
+        # of the document one line further down or up, is searched only where it goes on (a 30,000-line
+        # head was searched whole, twice, on every new line: ~20 ms)
+        self._spans: dict[str, tuple[str, list[tuple[int, int]]]] = {}
+
+    def _import_spans(self, text: str, path: str) -> list[tuple[int, int]]:
+        prev, spans = self._spans.get(path, ("", []))
+        if _extends(text, prev):
+            spans = spans + [m.span() for m in _IMPORT_LINE.finditer(text, len(prev))]
+        elif text.endswith("\n") and _extends(prev, text):
+            spans = [s for s in spans if s[1] <= len(text)]
+        else:
+            spans = [m.span() for m in _IMPORT_LINE.finditer(text)]
+        self._spans.pop(path, None)
+        self._spans[path] = (text, spans)
+        if len(self._spans) > self._size:
+            self._spans.pop(next(iter(self._spans)))
+        return spans
 
     def imports(self, text: str, path: str) -> list[Import]:
-        region = import_region(text)
+        spans = self._import_spans(text, path)
+        region = _region_to(text, spans[-1]) if spans else ""
         key = (path, region)
         got = self._seen.get(key)
         if got is None:
@@ -220,6 +247,7 @@ class Digest:
         self.imports_cache = ImportCache()
         self._entries: dict[tuple[str, Import], Entry | None] = {}  # built stubs, until the index changes
         self._entries_gen: Any = None
+        self._uses: dict[str, _UseScan] = {}  # path -> its scan of names used (`_rank`)
 
     def available(self) -> bool:
         return all(hasattr(self.retriever, a) for a in ("symbols_in", "chunk", "files"))
@@ -229,6 +257,8 @@ class Digest:
         ``tail`` the document after it, ``hint`` what the cursor's position expects (`cursor_hint`)."""
         if not path or not self.available():
             return []
+        if path not in self._uses and len(self._uses) >= 64:
+            self._uses.pop(next(iter(self._uses)))
         imports = [_as_module(i, path) for i in self.imports_cache.imports(head, path)]
         imports = [i for i in imports if i.alias and i.name != "*"]
         if not imports:
@@ -253,7 +283,7 @@ class Digest:
             return []  # nothing the file imports is the workspace's
         out: list[Entry] = []
         seen: set[tuple[str, int]] = set()
-        for entry in self._rank(built, head, nearby, hint):
+        for entry in self._rank(built, head, nearby, hint, self._uses.setdefault(path, _UseScan())):
             if (entry.path, entry.start_line) not in seen:
                 seen.add((entry.path, entry.start_line))
                 out.append(entry)
@@ -270,7 +300,8 @@ class Digest:
             return None
 
     @staticmethod
-    def _rank(built: list[tuple[Import, Entry]], head: str, nearby: Sequence[str], hint: tuple[str, str]) -> list[Entry]:
+    def _rank(built: list[tuple[Import, Entry]], head: str, nearby: Sequence[str], hint: tuple[str, str],
+              uses: _UseScan | None = None) -> list[Entry]:
         """Best first: what the cursor's position expects (a type after an annotation colon, an exception
         after ``raise``, a decorator after ``@``; a type named like the annotated parameter above all),
         then names not used yet in code since their import (a first use is pending), nearest used, import order.
@@ -281,12 +312,11 @@ class Digest:
         imported_at: dict[str, int] = {}  # a name imported twice (at the top, again in a block): the first
         for imp, _ in built:
             imported_at[imp.alias] = min(imported_at.get(imp.alias, imp.line), imp.line)
-        lines = head.split("\n")
-        statements = _statement_lines(lines, [i.line for i, _ in built])
-        used_before: set[str] = set()  # used in code between its import and the cursor (not in imports, docstrings)
-        for k, line in _code_lines(lines):
-            if k not in statements:
-                used_before.update(a for a in words.findall(line) if imported_at[a] <= k)
+        starts = [i.line for i, _ in built]
+        reach = max(starts) + STATEMENT_LINES  # the imports' lines are among the head's first (not all its lines)
+        statements = _statement_lines(head.split("\n", reach)[:reach], starts)
+        # used in code between its import and the cursor (not in imports, docstrings)
+        used_before = (uses or _UseScan()).used(head, words, imported_at, statements)
         near = {n: k for k, n in enumerate(nearby[:64])}
         expect, subject = hint
         subject = subject.replace("_", "").lower()
@@ -513,18 +543,68 @@ def _code_lines(lines: Sequence[str]):
     trailing comments taken out; roughly, as ``_code`` does (a ``#`` inside a string ends the code)."""
     closing = ""
     for k, line in enumerate(lines):
-        if closing:
-            end = line.find(closing)
-            if end < 0:
-                continue
-            line, closing = line[end + 3:], ""
-        line = _ONE_LINE_STRING.sub('""', line)
-        m = _TRIPLE.search(line)
-        if m:
-            line, closing = line[: m.start()], m.group(0)
-        code = _code(line)
-        if not code.lstrip().startswith(("#", "//")):
+        code, closing = _code_of(line, closing)
+        if code is not None:
             yield k, code
+
+
+def _code_of(line: str, closing: str) -> tuple[str | None, str]:
+    """One line's code for ``_code_lines`` (None: none), and the triple quote still open after it
+    (``closing``: the one open before it)."""
+    if closing:
+        end = line.find(closing)
+        if end < 0:
+            return None, closing
+        line, closing = line[end + 3:], ""
+    line = _ONE_LINE_STRING.sub('""', line)
+    m = _TRIPLE.search(line)
+    if m:
+        line, closing = line[: m.start()], m.group(0)
+    code = _code(line)
+    return (None if code.lstrip().startswith(("#", "//")) else code), closing
+
+
+STATEMENT_LINES = 256  # lines an import statement may span (read after its first)
+USE_MARK_LINES = 512  # _UseScan keeps its state every this many lines
+
+
+class _UseScan:
+    """Which imported names the code of a head uses after their imports (`Digest._rank`), read line by
+    line from the last point the previous head shares: the head grows a line at a time as the user types,
+    and reading all of a 30,000-line head on each new line took ~170 ms."""
+
+    def __init__(self) -> None:
+        self._key: Any = None
+        self._text = ""
+        # (offset of a line start in _text, its line index, the triple quote open there, the names used above it)
+        self._marks: list[tuple[int, int, str, frozenset[str]]] = [(0, 0, "", frozenset())]
+
+    def used(self, head: str, words: re.Pattern[str], imported_at: dict[str, int], statements: set[int]) -> set[str]:
+        key = (words.pattern, tuple(sorted(imported_at.items())), frozenset(statements))
+        if key != self._key:
+            self._key, self._text, self._marks = key, "", [(0, 0, "", frozenset())]
+        lo, hi = 0, len(self._marks) - 1  # the last mark up to which the heads agree (agreeing is monotone)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            at = self._marks[mid][0]
+            if at <= len(head) and head.startswith(self._text[:at]):
+                lo = mid
+            else:
+                hi = mid - 1
+        marks = self._marks[: lo + 1]
+        offset, first, closing, above = marks[-1]
+        used = set(above)
+        lines = head[offset:].split("\n")
+        for j, line in enumerate(lines):
+            k = first + j
+            if j and (j % USE_MARK_LINES == 0 or j == len(lines) - 1):
+                marks.append((offset, k, closing, frozenset(used)))
+            code, closing = _code_of(line, closing)
+            if code is not None and k not in statements:
+                used.update(a for a in words.findall(code) if imported_at[a] <= k)
+            offset += len(line) + 1
+        self._text, self._marks = head, marks
+        return used
 
 
 def _statement_lines(lines: Sequence[str], starts: Sequence[int]) -> set[int]:
