@@ -8,7 +8,7 @@ import sqlite3
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -47,6 +47,16 @@ def is_corrupt(exc: sqlite3.DatabaseError) -> bool:
     return code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
 
 
+def is_unwritable(exc: BaseException) -> bool:
+    """The store's file cannot be created or written (a cache directory that cannot be made, a
+    read-only file or disk, a full disk); not a locked or corrupt one."""
+    if isinstance(exc, OSError):
+        return True
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and code & 0xFF in (sqlite3.SQLITE_CANTOPEN, sqlite3.SQLITE_READONLY, sqlite3.SQLITE_IOERR,
+                                                 sqlite3.SQLITE_FULL, sqlite3.SQLITE_PERM)
+
+
 @dataclass(frozen=True)
 class FileState:
     mtime: float
@@ -80,22 +90,63 @@ class StoredChunk:
 
 
 class Store:
-    """The on-disk index. Thread-safe (one connection behind a lock)."""
+    """The on-disk index. Thread-safe (one connection behind a lock).
+
+    Where its file cannot be created or written (the cache directory cannot be made, a read-only or
+    full disk) it goes on in memory for this process (``persistent`` False), with one warning: the
+    index still serves, it is just not saved.
+    """
 
     def __init__(self, directory: Path, embedder_name: str, dim: int, content: str | None = None):
         """``content``: a fingerprint of the settings that decide what is read and how it is chunked;
         a store written under another one is cleared (None: not checked)."""
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / "index.sqlite3"
+        self.persistent = True
         self._lock = threading.Lock()
         self._settings = (embedder_name, dim, content)
+        # the files whose rows this store read at the start or wrote since: rows another process wrote
+        # meanwhile (a second server on the same workspace) are not in this index's memory, so
+        # file_states() leaves them out and a build indexes them here too
+        self._known: set[str] = set()
         try:
-            self._open(embedder_name, dim, content)
-        except sqlite3.DatabaseError as exc:
-            if not is_corrupt(exc):
+            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                self._open(embedder_name, dim, content)
+            except sqlite3.DatabaseError as exc:
+                if not is_corrupt(exc):
+                    raise
+                self.reset(exc)
+        except (OSError, sqlite3.DatabaseError) as exc:
+            if not is_unwritable(exc):
                 raise
-            self.reset(exc)
+            self._to_memory(exc, keep=False)
+
+    def _to_memory(self, exc: BaseException, keep: bool) -> None:
+        """Go on in an in-memory database, with what the file holds when ``keep`` (a write that failed
+        part way through: the file stays as its last transaction left it)."""
+        log.warning("index store %s cannot be written (%s): this session's index is kept in memory only "
+                    "(not saved; the next start indexes again)", self.path, exc)
+        old = getattr(self, "_db", None)
+        memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+        copied = False
+        if old is not None:
+            with contextlib.suppress(Exception):
+                if old.in_transaction:
+                    old.execute("ROLLBACK")
+            if keep:
+                with contextlib.suppress(sqlite3.Error):
+                    old.backup(memory)
+                    copied = True
+            with contextlib.suppress(Exception):
+                old.close()
+        self.persistent = False
+        self._db = memory
+        if not keep:
+            self._open(*self._settings)
+        elif not copied:  # nothing to go on from: empty tables, and every file counts as not indexed here
+            memory.executescript("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);" + _SCHEMA)
+            self._known.clear()
 
     def reset(self, exc: BaseException) -> None:
         """Replace a corrupt store file (overwritten, truncated) by an empty store: everything in it can
@@ -108,7 +159,8 @@ class Store:
         self._open(*self._settings)
 
     def _open(self, embedder_name: str, dim: int, content: str | None) -> None:
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
+        if self.persistent:
+            self._db = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL)")
@@ -131,12 +183,16 @@ class Store:
         """Everything the index loads at start, read before any of it is used: a corrupt store found
         here is reset (empty) instead of failing the start or leaving half of it loaded."""
         try:
-            return self.file_states(), list(self.iter_chunks()), self.symbols()
+            states = self.file_states(known_only=False)
+            loaded = states, list(self.iter_chunks()), self.symbols()
         except sqlite3.DatabaseError as exc:
             if not is_corrupt(exc):
                 raise
             self.reset(exc)
             return {}, [], []
+        with self._lock:
+            self._known = set(states)
+        return loaded
 
     def _drop_tables(self) -> None:
         self._db.executescript("".join(f"DROP TABLE IF EXISTS {t};" for t in _TABLES))
@@ -162,10 +218,12 @@ class Store:
             self._db.close()
 
     # ---- reads ------------------------------------------------------------
-    def file_states(self) -> dict[str, FileState]:
+    def file_states(self, known_only: bool = True) -> dict[str, FileState]:
+        """The stored files' states; ``known_only``: only those this store read or wrote (above)."""
         with self._lock:
             rows = self._db.execute("SELECT path, mtime, size, digest FROM files").fetchall()
-        return {p: FileState(m, s, d) for p, m, s, d in rows}
+            known = self._known
+            return {p: FileState(m, s, d) for p, m, s, d in rows if not known_only or p in known}
 
     def iter_chunks(self) -> Iterator[StoredChunk]:
         with self._lock:
@@ -191,22 +249,44 @@ class Store:
     def write_files(self, records: list[FileRecord], removals: Sequence[str] = ()) -> list[list[int]]:
         """Delete the ``removals`` then replace each record's file, all in one transaction (a crash or
         an error leaves the whole batch old). Returns the records' chunk ids."""
-        all_ids: list[list[int]] = []
         if not records and not removals:
-            return all_ids
+            return []
+
+        def write(cur: sqlite3.Cursor) -> list[list[int]]:
+            for path in removals:
+                self._delete_path(cur, path)
+            return [self._write_file(cur, rec) for rec in records]
+
+        all_ids = self._transaction(write)
         with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                for path in removals:
-                    self._delete_path(cur, path)
-                for rec in records:
-                    all_ids.append(self._write_file(cur, rec))
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+            self._known.difference_update(removals)
+            self._known.update(rec.path for rec in records)
         return all_ids
+
+    def _transaction(self, work) -> Any:
+        """``work(cursor)`` in one write transaction; once more in memory where the file cannot be
+        written (a full disk: every file of a build failed one by one, and the index lacked them)."""
+        with self._lock:
+            try:
+                return self._run_transaction(work)
+            except (OSError, sqlite3.DatabaseError) as exc:
+                if not self.persistent or not is_unwritable(exc):
+                    raise
+                self._to_memory(exc, keep=True)
+                return self._run_transaction(work)
+
+    def _run_transaction(self, work) -> Any:
+        cur = self._db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            result = work(cur)
+            cur.execute("COMMIT")
+        except BaseException:
+            if self._db.in_transaction:  # SQLite ends some on its own (a full disk): ROLLBACK would fail then
+                with contextlib.suppress(sqlite3.Error):
+                    cur.execute("ROLLBACK")
+            raise
+        return result
 
     def _write_file(self, cur: sqlite3.Cursor, rec: FileRecord) -> list[int]:
         old: dict[int, tuple] = {}
@@ -270,19 +350,8 @@ class Store:
         self.write_files([], paths)
 
     def set_file_state(self, path: str, mtime: float, size: int) -> None:
-        with self._lock:
-            self._db.execute("UPDATE files SET mtime=?, size=? WHERE path=?", (mtime, size, path))
+        self._transaction(lambda cur: cur.execute("UPDATE files SET mtime=?, size=? WHERE path=?", (mtime, size, path)))
 
     def put_vectors(self, chunk_ids: list[int], vectors: np.ndarray) -> None:
-        with self._lock:
-            cur = self._db.cursor()
-            cur.execute("BEGIN IMMEDIATE")
-            try:
-                cur.executemany(
-                    "INSERT OR REPLACE INTO vectors VALUES(?, ?)",
-                    [(cid, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for cid, v in zip(chunk_ids, vectors)],
-                )
-                cur.execute("COMMIT")
-            except BaseException:
-                cur.execute("ROLLBACK")
-                raise
+        rows = [(cid, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for cid, v in zip(chunk_ids, vectors)]
+        self._transaction(lambda cur: cur.executemany("INSERT OR REPLACE INTO vectors VALUES(?, ?)", rows))

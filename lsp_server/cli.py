@@ -6,6 +6,7 @@ import argparse
 import functools
 import importlib
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -200,7 +201,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unshadow() -> None:
+    """Under `python -m lsp_server` (without PYTHONSAFEPATH) the working directory comes first on sys.path:
+    an editor starting the server in a project with its own `engine/` or `indexer/` package imported
+    that instead of draftline's, and the server died with the project's ImportError. The directory is
+    dropped unless it is the one holding draftline's packages (a checkout run in place)."""
+    main_spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if getattr(main_spec, "name", None) != "lsp_server.__main__" or not sys.path:
+        return
+    here = Path(__file__).resolve().parents[1]
+    first = Path(sys.path[0] or os.curdir).resolve()
+    if first == Path(os.getcwd()).resolve() and first != here:
+        del sys.path[0]
+
+
 def main(argv: list[str] | None = None) -> int:
+    _unshadow()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

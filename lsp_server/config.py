@@ -117,17 +117,33 @@ class Config:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
 
 
-def user_config_path() -> Path:
-    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+def user_config_path() -> Path | None:
+    """``$XDG_CONFIG_HOME/draftline/config.toml`` or ``~/.config/...``; None where neither is known (no
+    HOME and a user id without a passwd entry, as in some containers: Path.home() raises there)."""
+    base = os.environ.get("XDG_CONFIG_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".config")
+        except RuntimeError as exc:
+            log.warning("no user config: %s (set HOME or XDG_CONFIG_HOME, or pass --config)", exc)
+            return None
     return Path(base) / "draftline" / "config.toml"
 
 
-def read_toml(path: Path) -> dict[str, Any]:
+def read_toml(path: Path | None) -> dict[str, Any]:
     """A TOML file as a dict; missing or broken files are an empty layer (logged)."""
+    if path is None:
+        return {}
     try:
         with path.open("rb") as fh:
             return tomllib.load(fh)
     except FileNotFoundError:
+        return {}
+    except UnicodeDecodeError as exc:  # a ValueError, not a TOMLDecodeError: it failed initialize
+        log.warning("ignoring config %s: not UTF-8 text (%s)", path, exc)
+        return {}
+    except RecursionError:  # tomllib recurses per nested array or table: a cloned repository's file can nest deep
+        log.warning("ignoring config %s: nested too deeply", path)
         return {}
     except (OSError, tomllib.TOMLDecodeError) as exc:
         log.warning("ignoring config %s: %s", path, exc)
