@@ -147,9 +147,17 @@ def rope_scaling(reader: Any, arch: str, name: str) -> dict[str, Any]:
 
 
 def cache_root() -> Path:
-    """Where draftline keeps converted models (``$XDG_CACHE_HOME/draftline`` or ``~/.cache/draftline``)."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "draftline"
+    """Where draftline keeps converted models (``$XDG_CACHE_HOME/draftline`` or ``~/.cache/draftline``;
+    with neither a home nor XDG_CACHE_HOME, as in a container run as a user id without a passwd entry,
+    a directory of this user's under the temporary directory). Not ``$DRAFTLINE_CACHE_DIR``: that moves
+    the index only, and the tests that set it share one converted model."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg) / "draftline"
+    try:
+        return Path.home() / ".cache" / "draftline"
+    except RuntimeError:  # Path.home() without HOME and without a passwd entry
+        return Path(tempfile.gettempdir()) / f"draftline-cache-{os.getuid()}"
 
 
 def package_gguf(name: str) -> Path | None:

@@ -54,8 +54,9 @@ def import_llama_cpp():
 
 
 def cache_dir() -> Path:
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "draftline" / "gguf"
+    from engine.gguf import cache_root
+
+    return cache_root() / "gguf"
 
 
 # --- conversion --------------------------------------------------------------------------------

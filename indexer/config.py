@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +76,12 @@ def default_cache_root() -> Path:
     if explicit:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg else Path.home() / ".cache"
-    return base / "draftline"
+    if xdg:
+        return Path(xdg) / "draftline"
+    try:
+        return Path.home() / ".cache" / "draftline"
+    except RuntimeError:  # no HOME and no passwd entry (a container's user id): this user's temporary directory
+        return Path(tempfile.gettempdir()) / f"draftline-cache-{os.getuid()}"
 
 
 def workspace_key(roots: list[Path]) -> str:

@@ -153,7 +153,9 @@ def default_state_dir(out: Path) -> Path:
     import hashlib
 
     key = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:12]
-    return Path.home() / ".cache" / "draftline" / "train-state" / key
+    from engine.gguf import cache_root
+
+    return cache_root() / "train-state" / key
 
 
 def _row_batch(rows, cfg: TrainConfig, rng, pad: int, device=None):

@@ -121,3 +121,22 @@ def test_store_rows_written_by_another_process_count_as_not_indexed_here(tmp_pat
     assert mine.file_states() == {}  # not in this index's memory: its build indexes it again
     mine.close()
     other.close()
+
+
+def test_no_home_directory_puts_the_caches_under_the_temporary_directory(monkeypatch):
+    """Path.home() raises without HOME and a passwd entry: the index's and the models' cache roots did too."""
+    import pathlib
+
+    from engine.gguf import cache_root
+    from indexer.config import default_cache_root
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.delenv("DRAFTLINE_CACHE_DIR", raising=False)
+    monkeypatch.setattr(pathlib.Path, "home", staticmethod(no_home))
+    import tempfile
+
+    for root in (cache_root(), default_cache_root()):
+        assert str(root).startswith(tempfile.gettempdir()) and "draftline" in root.name
