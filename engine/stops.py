@@ -97,7 +97,9 @@ class _StopRules:
         # it holds a whole non-blank line: after a block opener the first line is empty, and a slow
         # prefill alone can spend the budget; the user gets at least one line (max_tokens bounds it)
         # nor inside a bracket the answer opened (`return {` + half its entries would leave the file unbalanced)
-        if self.budget and "\n" in text[changed:] and _balanced_line(text[: text.rfind("\n")]):
+        # and not on a line that opens a block (`if ready:` alone is a body the user must write)
+        if (self.budget and "\n" in text[changed:] and _balanced_line(head := text[: text.rfind("\n")])
+                and not _opens_block(head[head.rfind("\n") + 1:])):
             if not clock:
                 clock.append(time.perf_counter())
             if clock[0] - self.started > self.budget:
@@ -159,11 +161,20 @@ def _drop_unfinished_line(text: str) -> str:
         balanced = text.rfind("\n", 0, balanced)
     if balanced > 0:
         end = balanced
+    # nor on a block's opening line with its body cut off (`if ready:`), where a whole line comes before it
+    while _opens_block(text[text.rfind("\n", 0, end) + 1 : end]) and text[: max(text.rfind("\n", 0, end), 0)].strip():
+        end = text.rfind("\n", 0, end)
     return text[: end - 1] if text[end - 1 : end] == "\r" else text[:end]  # a CRLF's "\r" goes with it
 
 
 # the answer's own brackets, its one-line strings skipped (a quote after `&` or `<` is a Rust lifetime)
 _ANSWER_BRACKETS = re.compile(r'"(?:\\.|[^"\\\n])*"|(?<![&<])\'(?:\\.|[^\'\\\n])*\'|[()\[\]{}]')
+
+
+def _opens_block(line: str) -> bool:
+    """A line that ends by opening a block its next lines are the body of (Python's, YAML's `:`)."""
+    code = line.rstrip()
+    return code.endswith(":") and not code.lstrip().startswith(("#", "//"))
 
 
 def _balanced_line(text: str) -> bool:

@@ -258,6 +258,17 @@ def test_the_time_budget_waits_for_the_answers_brackets_to_close(clock):
     assert rules.cut(tok.decode(ids[:7])) == "\n    return {\n        'a': 1,\n    }"
 
 
+def test_the_time_budget_does_not_end_an_answer_on_a_block_opener(clock):
+    """Spent before the first token, the answer was `if ready:` alone: a body the user must write. It
+    ends after the body's first line."""
+    tok, ids = pieces(["\n", "    if ready:", "\n", "        go()", "\n", "    y"])
+    rules = _StopRules(tok, (), 0, 1.0)
+    clock[0] = 5.0
+    reasons = [rules(ids[:b]) for b in range(1, len(ids) + 1)]
+    assert reasons.index("time") == 4  # the line end after `go()`, not the one after `if ready:` (2)
+    assert rules.cut(tok.decode(ids[:5])) == "\n    if ready:\n        go()"
+
+
 def test_a_loop_inside_a_line_drops_that_line_of_a_multi_line_answer():
     """The loop rule keeps a loop's first copy, mid-line: a later line cut so is half-written (an
     unclosed string in a dict); a single-line answer keeps it (its line is all there is)."""
@@ -291,6 +302,9 @@ def test_no_time_budget_stop_before_it_is_spent(clock):
     ("\n    x = 1\n    return {\n        'a': 1,\n        'b", "max_tokens", 0, -1, "\n    x = 1"),
     ("a, b)\n    y = g(1)\n    z = [\n", "max_tokens", 0, -1, "a, b)\n    y = g(1)"),  # the prefix's ( closed
     ("\n    x = {\n        'a': 1,\n        'b", "max_tokens", 0, -1, "\n    x = {\n        'a': 1,"),  # none: as before
+    # a block's opening line whose body was cut off goes too (`if ready:` alone is no suggestion)
+    ("\n    x = 1\n    if x > 0:\n        return f(", "max_tokens", 0, -1, "\n    x = 1"),
+    ("\n    x = 1\n    for a in b:\n        if a:\n            g(", "time", 0, -1, "\n    x = 1"),
 ])
 def test_a_limit_stop_drops_the_unfinished_last_line(text, reason, max_lines, min_indent, kept):
     tok, ids = pieces(list(text))
