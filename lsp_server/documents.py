@@ -53,6 +53,9 @@ _LANGUAGE_IDS = {
     "lisp": "lisp", "scm": "scheme", "rkt": "racket", "clj": "clojure", "ex": "elixir", "exs": "elixir",
     "jl": "julia", "nim": "nim", "toml": "toml", "yaml": "yaml", "yml": "yaml", "css": "css", "scss": "scss",
     "less": "less", "proto": "proto", "sol": "solidity", "groovy": "groovy", "ps1": "powershell",
+    "json": "json", "jsonc": "jsonc", "md": "markdown", "markdown": "markdown", "mdx": "mdx", "rst": "restructuredtext",
+    "tex": "latex", "adoc": "asciidoc", "txt": "plaintext", "html": "html", "htm": "html", "xml": "xml",
+    "vue": "vue", "svelte": "svelte",
 }
 
 

@@ -106,6 +106,8 @@ def test_language_ids_of_files_read_from_disk():
 
     assert [language_id(p) for p in ("a.py", "b/c.TSX", "x.rs", "Makefile", "init.el", "README")] == [
         "python", "typescriptreact", "rust", "makefile", "emacs-lisp", ""]
+    # prose and data: `draftline complete` on a README.md post-processed it as code, JSON as plain text
+    assert [language_id(p) for p in ("README.md", "package.json", "notes.txt")] == ["markdown", "json", "plaintext"]
 
 
 def test_a_cells_snapshot_names_its_notebooks_file_for_the_context():
