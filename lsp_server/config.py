@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
 import os
+import threading
 import tomllib
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -148,6 +150,26 @@ def read_toml(path: Path | None) -> dict[str, Any]:
     except (OSError, tomllib.TOMLDecodeError) as exc:
         log.warning("ignoring config %s: %s", path, exc)
         return {}
+
+
+@contextlib.contextmanager
+def problems_logged() -> Iterator[list[str]]:
+    """The warnings this module logs on this thread inside the block (settings ignored, files unreadable),
+    for the server to show the user once: a log line alone went unseen."""
+    found: list[str] = []
+    thread = threading.get_ident()
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.thread == thread and record.levelno >= logging.WARNING:
+                found.append(record.getMessage())
+
+    handler = Collect()
+    log.addHandler(handler)
+    try:
+        yield found
+    finally:
+        log.removeHandler(handler)
 
 
 def resolve_config(

@@ -30,7 +30,7 @@ from lsp_server.completer import Completer, build_request, context_for
 from lsp_server.engines import make_engine
 from lsp_server.index_handle import IndexHandle
 from lsp_server.suggestions import SuggestionCache
-from lsp_server.config import WORKSPACE_FILE, Config, IndexSettings, resolve_config
+from lsp_server.config import WORKSPACE_FILE, Config, IndexSettings, problems_logged, resolve_config
 from lsp_server.documents import (ACCEPT_COMMAND, Snapshot, completion_item, cursor, in_notebook, inline_item,
                                   notebook_json, snapshot, use_lsp_lines, with_selection)
 from lsp_server import metrics
@@ -202,6 +202,7 @@ class Draftline:
         self._index_started = False
         self._config_watch: ConfigWatch | None = None  # the roots' .draftline.toml, index or not
         self._closed = False
+        self._shown_problems: list[str] = []  # the configuration's problems last shown to the user
 
     # -- configuration and the engine ------------------------------------------------------------
     def configure(self, client_settings: Any = None) -> None:
@@ -209,12 +210,18 @@ class Draftline:
         if isinstance(client_settings, dict):
             self.client_settings = client_settings
         old = self.config
-        self.config = resolve_config(
-            user_file=self.user_config,
-            workspace_roots=self.roots,
-            init_options=self.init_options,
-            client_settings=self.client_settings,
-        )
+        with problems_logged() as problems:
+            self.config = resolve_config(
+                user_file=self.user_config,
+                workspace_roots=self.roots,
+                init_options=self.init_options,
+                client_settings=self.client_settings,
+            )
+        if problems and problems != self._shown_problems:  # once, not again at each identical re-read
+            more = f" (and {len(problems) - 1} more: see the server's log)" if len(problems) > 1 else ""
+            self.ls.window_show_message(t.ShowMessageParams(
+                type=t.MessageType.Warning, message=f"draftline: {problems[0]}{more}"))
+        self._shown_problems = problems
         if old != self.config:  # other settings or another model: old suggestions do not hold
             self.cache = SuggestionCache(self.config.completion.cache_size)
         if self.slot.completer is not None:

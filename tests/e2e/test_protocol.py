@@ -176,3 +176,15 @@ async def test_an_invoked_popup_request_is_answered_inside_a_word(client: Langua
     assert not await ask(t.CompletionTriggerKind.TriggerCharacter)
     (item,) = await ask(t.CompletionTriggerKind.Invoked)
     assert item.text_edit.new_text == "Pen" + fake_text("def f():\n    return Pen")
+
+
+async def test_settings_the_server_ignores_are_shown_once_not_only_logged(client: LanguageClient):
+    """An unknown key or a value of the wrong type was a log line nobody saw: the setting silently did nothing."""
+    settings = options()
+    settings["draftline"]["completion"] = {"debounce_ms": 0, "max_linez": 3}
+    await initialize(client, init_options=settings)
+    warnings = [m.message for m in client.messages if m.type == t.MessageType.Warning]
+    assert len(warnings) == 1 and "max_linez" in warnings[0], client.messages
+    client.workspace_did_change_configuration(t.DidChangeConfigurationParams(settings=settings))
+    assert (await status(client))["engine"]["state"] == "ready"  # the change was handled: no second warning
+    assert len([m for m in client.messages if m.type == t.MessageType.Warning]) == 1
