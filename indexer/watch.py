@@ -47,6 +47,9 @@ class Watcher:
         new_dir: Callable[[str], None] | None = None,
     ):
         self.roots = [os.path.abspath(r) for r in roots]
+        # a root that is a symlink is watched at its target (watchdog watches a link it is given without
+        # following it: nothing under it was ever reported); events there are named under the root's spelling
+        self._real = [(os.path.realpath(r).rstrip(os.sep) + os.sep, r.rstrip(os.sep) + os.sep) for r in self.roots]
         self.sink = sink
         self.is_ignored = is_ignored
         self.ignore_prefixes = tuple(os.path.abspath(d).rstrip(os.sep) + os.sep for d in ignore_dirs)
@@ -76,7 +79,7 @@ class Watcher:
         watched = 0
         for root in self.roots:
             try:
-                self._observer.schedule(handler, root, recursive=True)
+                self._observer.schedule(handler, os.path.realpath(root), recursive=True)
                 watched += 1
             except Exception as exc:
                 error = exc
@@ -111,7 +114,15 @@ class Watcher:
         # but a root's .git/info/exclude: its patterns hide files like a .gitignore at the root
         return not (path.endswith(_EXCLUDE) and path[: -len(_EXCLUDE)].rstrip(os.sep) in self.roots)
 
+    def _named(self, path: str) -> str:
+        """An event's path under the root's spelling (the root a link, the event under its target)."""
+        for real, named in self._real:
+            if real != named and (path + os.sep).startswith(real):
+                return named + path[len(real):] if len(path) >= len(real) else named.rstrip(os.sep)
+        return path
+
     def _note(self, path: str, action: str) -> None:
+        path = self._named(path) if path else path
         if not path or self._dropped(path):
             return
         now = time.monotonic()

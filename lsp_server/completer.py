@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -16,7 +17,7 @@ from indexer.models import Chunk
 from lsp_server import postprocess
 from lsp_server.context import Context, ContextFinder, build_context
 from lsp_server.config import CompletionConfig
-from lsp_server.documents import Snapshot, display_path, prefix_window, suffix_window, uri_to_path
+from lsp_server.documents import Snapshot, display_path, in_roots, prefix_window, suffix_window, uri_to_path
 from lsp_server.engines import Engine
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,12 @@ class Completion:
 def repo_name(uri: str, roots: Sequence[Path]) -> str:
     """The name of the innermost workspace folder holding the document ("" when none does)."""
     fs = uri_to_path(uri)
-    if not fs:
+    inside = in_roots(fs, roots) if fs else None  # by name, else with symlinks resolved
+    if inside is None:
         return ""
-    path = Path(fs)
+    path = Path(inside)
     for root in sorted(roots, key=lambda r: len(str(r)), reverse=True):
-        if path.is_relative_to(root):
+        if path.is_relative_to(os.path.abspath(root)):
             return Path(root).name
     return ""
 

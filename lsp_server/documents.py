@@ -5,18 +5,18 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from indexer.files import notebook_cell
 from lsprotocol import types as t
 from lsprotocol.types import Position
-from pygls.uris import to_fs_path
 from pygls.workspace import TextDocument, Workspace
 from pygls.workspace.position_codec import PositionCodec, ServerTextPosition
 
@@ -254,8 +254,55 @@ def snapshot(doc: TextDocument, line: int, character: int, roots: Sequence[Path]
     )
 
 
+_DRIVE = re.compile(r"^/[A-Za-z]:")
+
+
 def uri_to_path(uri: str) -> str | None:
-    return to_fs_path(uri) if uri.startswith("file:") else None
+    """The file system path a ``file:`` URI names; None for another scheme (or no path).
+
+    Editors spell one file differently (upper or lower-case hex, ``+``/``&``/``:`` encoded or not,
+    ``file:/x``, ``file:///x``, RFC 8089's ``file://localhost/x``): each decodes to the same path.
+    pygls' to_fs_path read ``localhost`` as a UNC host (``//localhost/x``: a file no folder holds, its
+    absolute path shown to the model, its buffer kept out of the index) and raised on an unclosed ``[``.
+    A query or fragment is no part of the path; bytes that are not UTF-8 read as U+FFFD (the index skips
+    such names: "bad_name")."""
+    if uri[:5].lower() != "file:":
+        return None
+    try:
+        _, host, path, _, _ = urlsplit(uri)
+    except ValueError:  # e.g. "file://[x/y.py": no valid host
+        return None
+    host = unquote(host)
+    path = unquote(path)
+    if host and host.lower() != "localhost":
+        path = f"//{host}{path}"  # a UNC share, as pygls reads it
+    elif _DRIVE.match(path):
+        path = path[1].lower() + path[2:]  # file:///C:/x -> c:/x, as pygls
+    if os.sep != "/":
+        path = path.replace("/", os.sep)
+    return path or None
+
+
+def in_roots(fs: str, roots: Sequence[Path]) -> str | None:
+    """``fs`` spelled under the innermost root holding it (None where none does), the spelling the index
+    keys files by: a root given by a symlink's path (a folder opened as ``~/link``) and a file named by
+    its real path, or a root given resolved (a client's getcwd(), eglot's file-truename) and a file
+    opened by the link's path, are one file. Tried by name first, then with links resolved."""
+    if not roots:
+        return None
+    path = os.path.abspath(fs)  # "a/../b" and "a//b" as the index keys them
+    by_length = sorted((os.path.abspath(r) for r in roots), key=len, reverse=True)
+    for root in by_length:
+        if path == root or path.startswith(root.rstrip(os.sep) + os.sep):
+            return path
+    real = os.path.realpath(path)
+    for root in by_length:
+        real_root = os.path.realpath(root)
+        if real == real_root:
+            return root
+        if real.startswith(real_root.rstrip(os.sep) + os.sep):
+            return os.path.join(root, real[len(real_root.rstrip(os.sep)) + 1:])
+    return None
 
 
 def relative_path(uri: str, roots: Sequence[Path]) -> str:
@@ -264,13 +311,24 @@ def relative_path(uri: str, roots: Sequence[Path]) -> str:
 
 
 def display_path(fs: str, roots: Sequence[Path]) -> str:
-    """A file path relative to the innermost workspace root containing it (else as given)."""
+    """A file path relative to the innermost workspace root containing it (by name, else with symlinks
+    resolved: see in_roots), else as given."""
     path = Path(fs)
     for root in sorted(roots, key=lambda r: len(str(r)), reverse=True):
         try:
-            return path.relative_to(root).as_posix()
+            rel = path.relative_to(root)
         except ValueError:
             continue
+        if ".." not in rel.parts:
+            return rel.as_posix()
+        break  # "root/../elsewhere": not inside it
+    inside = in_roots(fs, roots)
+    if inside is not None:
+        for root in sorted((os.path.abspath(r) for r in roots), key=len, reverse=True):
+            try:
+                return Path(inside).relative_to(root).as_posix()
+            except ValueError:
+                continue
     return path.as_posix()
 
 

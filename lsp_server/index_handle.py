@@ -14,6 +14,7 @@ from indexer.imports import FileTable
 from indexer.models import Chunk
 from lsp_server.completer import Retriever
 from lsp_server.config import IndexSettings
+from lsp_server.documents import in_roots
 
 log = logging.getLogger(__name__)
 
@@ -138,11 +139,25 @@ class IndexHandle:
     def watching(self) -> bool:
         return self._watcher is not None
 
+    def key(self, path: str) -> str:
+        """``path`` as the index names it: under the spelling of the root that holds it. An editor may
+        open a file by another name than the root's (a symlinked root and the file's real path, or the
+        reverse): the index keys the file by the root's, and its overlay, its exclusion from its own
+        retrieval and its change counts must find it there. A path no root holds is left as it is."""
+        roots = getattr(self.index, "roots", None)
+        if not path or not roots:
+            return path
+        return in_roots(path, roots) or path
+
     def search(self, query: str, k: int, exclude: str | None = None) -> Sequence[Chunk]:
-        return self.index.search(query, k, exclude=exclude) if self.index is not None else []
+        if self.index is None:
+            return []
+        return self.index.search(query, k, exclude=self.key(exclude) if exclude else exclude)
 
     def mentions(self, name: str, k: int, exclude: str | None = None) -> Sequence[Chunk]:
-        return self.index.mentions(name, k, exclude=exclude) if self.index is not None else []
+        if self.index is None:
+            return []
+        return self.index.mentions(name, k, exclude=self.key(exclude) if exclude else exclude)
 
     def definitions(self, name: str) -> Sequence[Any]:
         return self.index.definitions(name) if self.index is not None else []
@@ -151,7 +166,7 @@ class IndexHandle:
         return self.index.chunk(chunk_id) if self.index is not None else None
 
     def symbols_in(self, path: str) -> Sequence[Any]:
-        return self.index.symbols_in(path) if self.index is not None else []
+        return self.index.symbols_in(self.key(path)) if self.index is not None else []
 
     @property
     def files(self) -> FileTable:
@@ -165,7 +180,7 @@ class IndexHandle:
         part) and it moves again once it has, so what was built from the old content meanwhile (digest
         stubs, snippets) is not kept under the value the new content is read under.
         """
-        key = os.path.abspath(path) if path else ""
+        key = os.path.abspath(self.key(path)) if path else ""
         with self._changes_lock:
             changes, own = self._changes, self._changes_by_path.get(key, 0)
         settled = self._settled()  # after reading the count: every change counted so far is applied then
@@ -187,12 +202,14 @@ class IndexHandle:
         """``text``: this session's unsaved buffer; None: back to the disk's text (in a daemon, to another
         session's unsaved text where one still has the file open)."""
         index = self.index
+        path = self.key(path)
         if index is not None and self.registry is not None and hasattr(self.registry, "overlay"):
             text = self.registry.overlay(index, path, text, id(self))
         self._call("touch", path, text)
         self._count(path)  # after the index has the change: a count it is not yet pending for would read as settled
 
     def remove(self, path: str) -> None:
+        path = self.key(path)
         self._call("remove", path)
         self._count(path)
 

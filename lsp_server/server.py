@@ -24,7 +24,6 @@ from pygls.protocol import JsonRPCNotification, LanguageServerProtocol
 from pygls.protocol.language_server import lsp_method
 from pygls.exceptions import (FeatureNotificationError, JsonRpcException, JsonRpcInternalError, JsonRpcInvalidParams,
                               JsonRpcInvalidRequest, JsonRpcParseError, JsonRpcServerNotInitialized)
-from pygls.uris import to_fs_path
 
 from lsp_server.completer import Completer, build_request, context_for
 from lsp_server.engines import make_engine
@@ -32,7 +31,7 @@ from lsp_server.index_handle import IndexHandle
 from lsp_server.suggestions import SuggestionCache
 from lsp_server.config import WORKSPACE_FILE, Config, IndexSettings, problems_logged, resolve_config
 from lsp_server.documents import (ACCEPT_COMMAND, Snapshot, completion_item, cursor, in_notebook, inline_item,
-                                  notebook_json, snapshot, use_lsp_lines, with_selection)
+                                  notebook_json, snapshot, uri_to_path, use_lsp_lines, with_selection)
 from lsp_server import metrics
 from lsp_server.monitor import Monitor, monitor_for
 from lsp_server.scheduler import Scheduler, Telemetry, rss_mb
@@ -497,7 +496,7 @@ class Draftline:
     def _drop_overlays(self) -> None:
         """Back to the disk's text for every buffer this session overlaid on the index."""
         for uri in self._overlaid:
-            self.index.touch(to_fs_path(uri), None)
+            self.index.touch(uri_to_path(uri), None)
         self._overlaid.clear()
 
     def edited(self, uri: str, text: str | None, immediate: bool = True) -> None:
@@ -536,7 +535,7 @@ class Draftline:
             self._overlaid.discard(uri)
             if (timer := self._overlay_timers.pop(uri, None)) is not None:
                 timer.cancel()  # saved or closed: the file on disk is what counts now
-        path = to_fs_path(uri)
+        path = uri_to_path(uri)
         if path:
             if text is not None:
                 self._overlaid.add(uri)
@@ -544,7 +543,7 @@ class Draftline:
 
     def file_event(self, event: t.FileEvent) -> None:
         """The client's ``workspace/didChangeWatchedFiles``."""
-        path = to_fs_path(event.uri)
+        path = uri_to_path(event.uri)
         if path:
             self.disk_changed(path, event.type == t.FileChangeType.Deleted)
 
@@ -564,13 +563,14 @@ class Draftline:
             self.index.touch(path, None)
 
     def _overlaid_path(self, path: str) -> bool:
-        key = os.path.abspath(path)
-        return any(os.path.abspath(to_fs_path(uri) or "") == key for uri in self._overlaid)
+        # compared as the index names them: a buffer opened by a symlinked root's other name is this file
+        key = os.path.abspath(self.index.key(path))
+        return any(os.path.abspath(self.index.key(uri_to_path(uri) or "")) == key for uri in self._overlaid)
 
     def set_roots(self, params: t.InitializeParams) -> None:
         folders = params.workspace_folders or []
         uris = [f.uri for f in folders] or [u for u in (params.root_uri,) if u]
-        self.roots = new_roots((to_fs_path(u) for u in uris), [])
+        self.roots = new_roots((uri_to_path(u) for u in uris), [])
         if not self.roots and params.root_path:
             self.roots = [Path(params.root_path)]
 
@@ -966,9 +966,9 @@ def build_server(user_config: Path | None = None, shared: Any = None) -> Languag
     @ls.feature(t.WORKSPACE_DID_CHANGE_WORKSPACE_FOLDERS)
     def did_change_workspace_folders(params: t.DidChangeWorkspaceFoldersParams) -> None:
         # normalised on both sides: a folder URI may end in '/', a root (a Path) never does
-        removed = {os.path.normpath(p) for p in (to_fs_path(f.uri) for f in params.event.removed) if p}
+        removed = {os.path.normpath(p) for p in (uri_to_path(f.uri) for f in params.event.removed) if p}
         app.roots[:] = [r for r in app.roots if os.path.normpath(r) not in removed]  # in place: the completer shares it
-        app.roots += new_roots((to_fs_path(f.uri) for f in params.event.added), app.roots)
+        app.roots += new_roots((uri_to_path(f.uri) for f in params.event.added), app.roots)
         app.configure()  # the workspace TOML layer follows the roots
         asyncio.ensure_future(app.reindex())
 

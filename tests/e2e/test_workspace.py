@@ -106,7 +106,8 @@ async def test_an_unwritable_index_directory_leaves_completion_working(client: L
     options["draftline"]["index"]["options"]["cache_dir"] = str(blocker / "cache")
     await initialize(client, init_options=options, roots=(root,))
     done = await wait_for(client, lambda s: s["index"]["state"] not in ("none", "opening", "building"))
-    assert done["index"]["state"] in ("unavailable", "failed")
+    # the store goes on in memory (indexer.store: not saved, the next start indexes again)
+    assert done["index"]["state"] == "ready" and done["index"]["files"] >= 1
     text = "def f():\n    return compute"
     uri = (root / "main.py").as_uri()
     open_doc(client, text, uri=uri)
