@@ -28,6 +28,7 @@ BENCHES = {
     "context": ("lsp_server.bench.context", "is the needed definition in the prompt at a first use, and does it help"),
     "lsp": ("lsp_server.bench.lsp", "retype real lines through a real LSP client: latency, cancels, staleness"),
     "index-yield": ("lsp_server.bench.index_yield", "decoding while the index builds, the build yielding to generations or not"),
+    "postprocess": ("lsp_server.bench.postprocess", "the post-processing rules on real answers with the rest of the line kept"),
 }
 
 

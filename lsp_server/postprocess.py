@@ -113,8 +113,11 @@ def postprocess(text: str, prefix: str, suffix: str, mode: Mode, max_lines: int 
         text = cut_at_scope_end(text, prefix, suffix, language)
         if max_lines:
             text = "\n".join(text.split("\n")[:max_lines])
+    text = drop_repeated_line(text, prefix)
     text = drop_suffix_overlap(text, suffix, prefix, language)
     text = balance_brackets(text, suffix, prefix, language)
+    text = drop_unclosed_openers(text, suffix, prefix, language)
+    text = drop_unclosed_string(text, suffix, prefix, language)
     # a space before the code right after the cursor is part of the answer (`return ` + `store.save()`)
     rest = suffix.split("\n", 1)[0]
     text = _trim_trailing_blank(text, keep_space=bool(rest) and (_WORD_CHAR.match(rest) is not None or rest[0] in QUOTES))
@@ -259,11 +262,15 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
         # answer that starts by retyping it adds nothing insertable at the cursor (`tot|alx` + `al`
         # gave `totalalx`). Only where the shared part holds a word and does not end inside one
         # (`if |self.ready:` + `self.enabled and ` is new code; closers are balance_brackets' to weigh).
-        same = len(os.path.commonprefix([text, raw_rest]))
-        inside_word = (same < len(text) and same < len(raw_rest) and _WORD_CHAR.match(text[same])
-                       and _WORD_CHAR.match(raw_rest[same]))
-        if (same and _WORD_CHAR.search(raw_rest[:same]) and not inside_word
-                and (same in (len(text), len(raw_rest)) or same >= 3)):
+        # The blanks the line goes on with count as the answer's own, and a whole word of it written again
+        # is retyping too (`parses | and returns` + `and executes`; `|import json` + `import os` is a new line).
+        after_blank = raw_rest[:1] in (" ", "\t") and text[:1] not in (" ", "\t")
+        shared = raw_rest.lstrip(" \t") if after_blank else raw_rest
+        same = len(os.path.commonprefix([text, shared]))
+        inside_word = (same < len(text) and same < len(shared) and _WORD_CHAR.match(text[same])
+                       and _WORD_CHAR.match(shared[same]) and not (after_blank and shared[same - 1] == " "))
+        if (same and _WORD_CHAR.search(shared[:same]) and not inside_word
+                and (same in (len(text), len(shared)) or same >= 3)):
             return ""
         # The rest of the line closes what the cursor is in (an editor's auto-closed pair: `f(|)`,
         # `"|"`, `{|}"`): the answer ends where it first closes that at its own top level, and the
@@ -273,6 +280,8 @@ def drop_suffix_overlap(text: str, suffix: str, prefix: str = "", language: str 
             # the line closes the string the cursor is in further on (`<` + `{user.email}` + `>`;`): the
             # answer's own closing quote and what follows it are the line's again
             cut = _cut_at_closer(text, quote, line_before, language)
+        if cut is None:
+            cut = _cut_at_line_overrun(text, prefix, suffix, language)
         if cut is not None:
             return cut
     lines = text.rstrip("\n").split("\n")  # a trailing newline (a forced multi-line answer) is no line
@@ -368,6 +377,145 @@ def _cut_at_closer(text: str, closer: str, line_before: str, language: str = "")
     return None
 
 
+# the first token of the rest of a line: a word, or one other character
+_FIRST_TOKEN = re.compile(r"\s*(\w+|\S)")
+# an answer that ends a statement or opens a block with the character the rest of its line ends with wrote
+# its own version of that rest (`for | in cart.items:` + `item in cart:`)
+_LINE_ENDS = frozenset(":;{")
+
+
+def _cut_at_line_overrun(text: str, prefix: str, suffix: str, language: str = "") -> str | None:
+    """A one-line answer that goes on over the rest of the cursor's line (not blank; a left-to-right
+    model never sees it and writes its own): cut where its own version of that rest starts -- at its
+    top level, the rest's first token (`[` + `x ** 2 for x in numbers]` + ` for n in numbers]`: `x ** 2`),
+    else its first closer of a bracket it did not open. Only where the answer shows it went past the
+    cursor's slot: its closers and those the file has after the cursor together close more than the
+    prefix left open (`get(` + `'port'))` + `, 8080))`), or it ends with the character its line ends with
+    (`:`, `;`, `{`). None where it does not."""
+    rest = suffix.split("\n", 1)[0]
+    if "\n" in text or not text.strip() or not rest.strip() or rest.lstrip()[0] in CLOSERS:
+        return None  # a line that goes on with a closer: _cut_at_closer and balance_brackets weigh those
+    tokens = _code_tokens(text, language, prefix.rsplit("\n", 1)[-1])
+    # each character's bracket depth in the answer, and whether it is in one of its strings or comments
+    level, inside = [0] * len(text), [False] * len(text)
+    answer_closers: list[str] = []  # the closers of brackets it did not open
+    first_closer = None
+    depth = 0
+    marks = {}
+    for at, tok in tokens:
+        if tok in OPENERS or tok in CLOSERS:
+            marks[at] = tok
+        else:
+            for i in range(max(at, 0), min(at + len(tok), len(text))):
+                inside[i] = True
+    for i in range(len(text)):
+        tok = marks.get(i)
+        if tok in CLOSERS:
+            if depth:
+                depth -= 1
+            else:
+                answer_closers.append(tok)
+                first_closer = i if first_closer is None else first_closer
+        level[i] = depth
+        if tok in OPENERS:
+            depth += 1
+    over = False
+    if answer_closers:
+        stack = open_brackets(prefix, language)
+        later = _unmatched_closers(suffix, language)  # as balance_brackets counts them
+        over = len(answer_closers) + len(later) > _closing(answer_closers + later, stack)
+    end, line_end = text.rstrip()[-1], rest.rstrip()[-1]
+    if not over and not (end in _LINE_ENDS and end == line_end and not inside[len(text.rstrip()) - 1]):
+        return None
+    stop = first_closer if over and first_closer is not None else len(text)
+    token = _FIRST_TOKEN.match(rest).group(1)  # the rest is not blank
+    word = _WORD_CHAR.match(token) is not None
+    for j in range(stop):
+        if level[j] or inside[j] or not text.startswith(token, j):
+            continue
+        if word and ((j and _WORD_CHAR.match(text[j - 1]))
+                     or (j + len(token) < len(text) and _WORD_CHAR.match(text[j + len(token)]))):
+            continue  # inside a longer word
+        return text[:j].rstrip()
+    return text[:stop].rstrip() if over else None
+
+
+def drop_unclosed_openers(text: str, suffix: str, prefix: str = "", language: str = "") -> str:
+    """A one-line answer in the middle of a line that opens a bracket nothing after it closes (a model
+    that wanted a block there: `map((u) => ` + `{` + `).join(", ")`): cut before the first such opener.
+    The file's closers after the cursor close the prefix's openers as they did before the answer."""
+    if "\n" in text or not suffix.split("\n", 1)[0].strip():
+        return text
+    lead = prefix.rsplit("\n", 1)[-1]
+    stack: list[tuple[int, str]] = []
+    for at, c in _code_brackets(text, language, lead):
+        if c in OPENERS:
+            stack.append((at, c))
+        elif stack and stack[-1][1] == CLOSERS[c]:
+            stack.pop()
+    if not stack:
+        return text
+    before = open_brackets(prefix, language)
+    later = _unmatched_closers(suffix, language)
+    if _closing(later, before + [c for _, c in stack]) >= _closing(later, before) + len(stack):
+        return text  # the line closes them (it had closers too many)
+    return text[: stack[0][0]].rstrip()
+
+
+# a string's prefix letters glued to its quote (Python's f/r/b/u and pairs, C++'s u8/L/R, C#'s @/$)
+_STRING_PREFIX = re.compile(r"(?<![\w$@])(?:[rRbBuUfF]{1,2}|u8|L|[@$]{1,2})$")
+
+
+def drop_unclosed_string(text: str, suffix: str, prefix: str = "", language: str = "") -> str:
+    """A one-line answer in the middle of a line that opens a string and stops inside it (the engine cut a
+    loop or the token limit there: `["cli", ` + `"test", "test-api-test-api-test` + `],`): the string would
+    run on over the rest of the line; cut before its quote, and a separator left before the line's closer.
+    Not where the cursor is in a string or comment already (the answer's quote closes that one), nor
+    where a quote of the rest of the line closes the answer's string."""
+    rest = suffix.split("\n", 1)[0]
+    if "\n" in text or not rest.strip() or language.lower() in PROSE_LANGUAGES:
+        return text
+    quotes = '"' if language.lower() == "rust" else "\"'"  # a Rust `'` may be a lifetime
+    lead = prefix.rsplit("\n", 1)[-1]
+    if any(_count_quote(lead, q) % 2 for q in quotes):
+        return text
+    # read with the whole line: a string or comment that spans the cursor covers the answer's quotes
+    covered = [False] * len(text)
+    n = len(lead)
+    for m in _bracket_tokens(language).finditer(lead + text + rest):
+        if len(m.group()) > 1 or m.group() not in OPENERS and m.group() not in CLOSERS:
+            for i in range(max(m.start() - n, 0), min(m.end() - n, len(text))):
+                covered[i] = True
+    escaped = False
+    for i, c in enumerate(text):
+        if c in quotes and not covered[i] and not escaped:
+            cut = _STRING_PREFIX.sub("", text[:i]).rstrip()  # `f"`, `rb'`: the prefix goes with its quote
+            return cut[:-1].rstrip() if cut.endswith(",") and rest.lstrip()[:1] in CLOSERS else cut
+        escaped = c == "\\" and not escaped
+    return text
+
+
+# a line written again right under itself is a small model's loop, unless it is as short as this or
+# closes a block (`}` under `}`)
+MIN_REPEATED_LINE = 12
+
+
+def drop_repeated_line(text: str, prefix: str) -> str:
+    """Cut the answer before its first line that repeats the line right above it (the document's, for an
+    answer that starts on an empty line under it): the engine's loop rule keeps a loop's first copy,
+    which may be the copy of the line above the cursor (a test's `assert` line again)."""
+    lines = text.split("\n")
+    cursor_line = prefix.rsplit("\n", 1)[-1]
+    above = prefix.rsplit("\n", 2)[-2] if prefix.count("\n") and not cursor_line.strip() else None
+    for i, line in enumerate(lines):
+        whole = cursor_line + line if i == 0 else line
+        prev = above if i == 0 else lines[i - 1]
+        if (prev is not None and whole.rstrip() == prev.rstrip() and len(whole.strip()) >= MIN_REPEATED_LINE
+                and _WORD_CHAR.search(whole) and not closes_block(whole)):
+            return "\n".join(lines[:i])
+    return text
+
+
 def _count_quote(line: str, quote: str) -> int:
     """Unescaped ``quote`` characters in ``line``."""
     return line.count(quote) - line.count("\\" + quote)
@@ -439,6 +587,13 @@ def _code_brackets(text: str, language: str = "", lead: str = "") -> list[tuple[
     with it (`print("color: ` + `#fff")`: the string goes on, no comment), unless the cursor is in a
     comment (`# see f(` + `x)`) or in code inside a string (`${`, `f"{`): the answer is read alone. A
     quote that has no partner is no string: it closes one the prefix opened (`print("a (` + `b")`)."""
+    return [(at, tok) for at, tok in _code_tokens(text, language, lead)
+            if at >= 0 and (tok in OPENERS or tok in CLOSERS)]
+
+
+def _code_tokens(text: str, language: str = "", lead: str = "") -> list[tuple[int, str]]:
+    """The strings, comments and brackets of ``text`` as _code_brackets reads it (offset, text); a string
+    or comment that ``lead`` opened and ``text`` goes on in has a negative offset."""
     tokens = _bracket_tokens(language)
     n = len(lead)
     whole = lead + text
@@ -449,8 +604,7 @@ def _code_brackets(text: str, language: str = "", lead: str = "") -> list[tuple[
                 if m.start() < n and (m.group()[0] not in QUOTES or opened.count("{") > opened.count("}")):
                     n, whole = 0, text  # a comment the cursor is in, or code in a string (`${`, f"{")
                 break
-    return [(m.start() - n, m.group()) for m in tokens.finditer(whole)
-            if m.start() >= n and (m.group() in OPENERS or m.group() in CLOSERS)]
+    return [(m.start() - n, m.group()) for m in tokens.finditer(whole) if m.end() > n]
 
 
 def _unmatched_closers(code: str, language: str = "") -> list[str]:

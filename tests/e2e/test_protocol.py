@@ -151,8 +151,10 @@ async def test_no_automatic_suggestion_inside_or_before_a_word(client: LanguageC
     assert [i.insert_text for i in items(await client.text_document_inline_completion_async(asked))] == [
         fake_text("def f():\n    return Pen")]
     before_bracket = t.Position(line=1, character=20)  # return Pending(x|)
+    # the fake answer (`fake_29_Pending(x`) is cut before its own `(`: the line's `)` would close that one
+    # and leave `Pending(` open (postprocess.drop_unclosed_openers)
     assert [i.insert_text for i in items(await client.text_document_inline_completion_async(
-        inline_params(before_bracket)))] == [fake_text("def f():\n    return Pending(x")]
+        inline_params(before_bracket)))] == [fake_text("def f():\n    return Pending(x").split("(")[0]]
     client.workspace_did_change_configuration(t.DidChangeConfigurationParams(
         settings=options(completion={"debounce_ms": 0, "inside_words": True})))
     await wait_for(client, lambda s: s["engine"]["state"] == "ready")

@@ -142,3 +142,24 @@ def test_remote_cancel_refuses_0_trials_and_reports_an_unreachable_server_in_one
         port = s.getsockname()[1]
     assert main(["bench", "remote-cancel", "--trials", "1", "--url", f"http://127.0.0.1:{port}"]) == 2  # was httpx's traceback
     _one_line_error(capsys, "bench remote-cancel", str(port))
+
+
+def test_postprocess_bench_cuts_an_argument_or_a_brackets_content_and_refuses_bad_input(tmp_path, capsys):
+    """`bench postprocess`: the expected text is what sat between the cursor and the rest of its line."""
+    import argparse
+    from types import SimpleNamespace
+
+    from lsp_server.bench.postprocess import make_tasks, run_bench_postprocess
+
+    code = "import os\n" + "x = 1\n" * 41 + "value = compute(alpha, beta)\nitems = table[key_name]\n"
+    files = [SimpleNamespace(path="m.py", text=code)]
+    for cut, want in (("argument", {("alpha", ", beta)\n")}), ("brackets", {("alpha, beta", ")\n"), ("key_name", "]\n")})):
+        tasks = make_tasks(files, 20, 0, cut)
+        assert tasks and {(expected, suffix.split("items")[0]) for _, _, expected, suffix in tasks} <= want
+        for _, prefix, expected, suffix in tasks:
+            assert prefix + expected + suffix == code
+    args = argparse.Namespace(tasks=0, seed=0, cut="argument", against=None, target=None, json=False)
+    assert run_bench_postprocess(args) == 2
+    args.tasks, args.against = 5, tmp_path / "missing.py"
+    assert run_bench_postprocess(args) == 2
+    assert "is not a file" in capsys.readouterr().err

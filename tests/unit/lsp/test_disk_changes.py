@@ -68,6 +68,9 @@ class _RecordingIndex:
     def close(self) -> None:
         pass
 
+    def key(self, path: str) -> str:  # IndexHandle.key: the index's spelling of a path (here, as given)
+        return path
+
 
 def test_an_external_write_to_a_file_with_unsaved_changes_keeps_the_buffer_in_the_index(tmp_path):
     from lsp_server.server import build_server
