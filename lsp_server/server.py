@@ -116,8 +116,15 @@ class DraftlineProtocol(LanguageServerProtocol):
     def _send_data(self, data: Any):
         """Nothing after `exit`: the channel is closed (a reply to a generation cancelled by the exit
         logged 'Error sending data ... I/O operation on closed file' with its traceback)."""
-        if not self._exited:
+        if self._exited:
+            return
+        try:
             super()._send_data(data)
+        except BrokenPipeError:
+            # the client's end of stdout is gone (it died, or closed the pipe): every later message was a
+            # traceback more in the log until stdin closed too. Nothing more is sent.
+            log.warning("the client closed the channel: nothing more is sent")
+            self._exited = True
 
     def send_error_without_id(self, error: JsonRpcException) -> None:
         """An error reply with ``"id": null`` (JSON-RPC, where the id is unknown; pygls' own reply drops a

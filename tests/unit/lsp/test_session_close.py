@@ -114,3 +114,25 @@ def test_a_handle_says_opening_while_a_stored_index_loads(tmp_path):
     handle = IndexHandle(SlowRegistry())
     handle.open_and_build([tmp_path], IndexSettings())
     assert seen == ["opening"] and handle.state == "unavailable"
+
+
+def test_a_closed_stdout_stops_the_sending_after_the_first_broken_pipe(tmp_path):
+    """The client closed its end of the pipe: each message after the first logged a BrokenPipe traceback."""
+    from lsp_server.server import build_server
+
+    ls = build_server(user_config=tmp_path / "none.toml")
+
+    class Closed:
+        writes = 0
+
+        def write(self, data):
+            Closed.writes += 1
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def close(self):
+            pass
+
+    ls.protocol.writer = Closed()
+    for i in range(3):
+        ls.protocol._send_data({"jsonrpc": "2.0", "method": "window/logMessage", "params": {"type": 3, "message": str(i)}})
+    assert Closed.writes == 1
