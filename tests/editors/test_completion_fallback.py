@@ -115,13 +115,10 @@ def test_nvim_a_non_ascii_identifier_is_the_word(tmp_path):
     # a CRLF file (the buffer holds "\n"), a multi-line answer
     ({"lines": DEF, "cursor": [2, -1], "keys": "", "fake": "x = a\n    return x", "crlf": True},
      "def add(a, b):\n    x = a\n    return x\n\n"),
-    ({"lines": ["def f(value):", "    print()", ""], "cursor": [2, 10], "keys": "va", "fake": "lue)"},
-     "def f(value):\n    print(value)\n\n"),
-    ({"lines": DEF, "cursor": [2, -1], "keys": "x", "fake": ' = "$HOME}\\\\" + `${a}`'},
-     'def add(a, b):\n    x = "$HOME}\\\\" + `${a}`\n\n'),
+    # (the rest of the line and snippet characters are the server's to get right: the Neovim cases hold them)
     ({"lines": ["def f(value):", '    s = "😀" + ', ""], "cursor": [2, -1], "keys": "val", "fake": "ue(1)"},
      'def f(value):\n    s = "😀" + value(1)\n\n'),
-], ids=["mid-word", "next-line", "crlf", "suffix", "snippet-chars", "utf16"])
+], ids=["mid-word", "next-line", "crlf", "utf16"])
 def test_emacs_completion_at_point_takes_the_item(tmp_path, spec, text):
     res = emacs_capf(tmp_path, **spec)
     assert res["text"] == text, res
