@@ -195,7 +195,7 @@ def resolve_gguf(spec: str) -> Path | None:
     if path.is_dir() and not (path / "config.json").is_file():
         # the folder LM Studio or a download keeps a GGUF in: its file (transformers read the folder as a
         # Hugging Face directory and failed asking for sentencepiece or tiktoken)
-        files = sorted(p for p in path.glob("*.gguf") if p.is_file())
+        files = sorted(p for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())  # Model.GGUF too
         if len(files) == 1:
             return files[0]
         if files:

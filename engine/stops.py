@@ -162,7 +162,8 @@ def _drop_unfinished_line(text: str) -> str:
     if balanced > 0:
         end = balanced
     # nor on a block's opening line with its body cut off (`if ready:`), where a whole line comes before it
-    while _opens_block(text[text.rfind("\n", 0, end) + 1 : end]) and text[: max(text.rfind("\n", 0, end), 0)].strip():
+    while (_opens_block(text[text.rfind("\n", 0, end) + 1 : end])
+           and _balanced_line(text[: max(text.rfind("\n", 0, end), 0)])):  # not back into its own brackets
         end = text.rfind("\n", 0, end)
     return text[: end - 1] if text[end - 1 : end] == "\r" else text[:end]  # a CRLF's "\r" goes with it
 

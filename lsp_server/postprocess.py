@@ -449,6 +449,8 @@ def drop_unclosed_openers(text: str, suffix: str, prefix: str = "", language: st
     lead = prefix.rsplit("\n", 1)[-1]
     stack: list[tuple[int, str]] = []
     for at, c in _code_brackets(text, language, lead):
+        if c in OPENERS and (text[at - 1] if at else lead[-1:]) == "\\":
+            continue  # an escaped bracket (a regex's `\(`) opens nothing
         if c in OPENERS:
             stack.append((at, c))
         elif stack and stack[-1][1] == CLOSERS[c]:
@@ -466,6 +468,9 @@ def drop_unclosed_openers(text: str, suffix: str, prefix: str = "", language: st
 _STRING_PREFIX = re.compile(r"(?<![\w$@])(?:[rRbBuUfF]{1,2}|u8|L|[@$]{1,2})$")
 
 
+_LISPS = frozenset({"emacs-lisp", "lisp", "commonlisp", "scheme", "racket", "clojure", "fennel"})
+
+
 def drop_unclosed_string(text: str, suffix: str, prefix: str = "", language: str = "") -> str:
     """A one-line answer in the middle of a line that opens a string and stops inside it (the engine cut a
     loop or the token limit there: `["cli", ` + `"test", "test-api-test-api-test` + `],`): the string would
@@ -475,7 +480,8 @@ def drop_unclosed_string(text: str, suffix: str, prefix: str = "", language: str
     rest = suffix.split("\n", 1)[0]
     if "\n" in text or not rest.strip() or language.lower() in PROSE_LANGUAGES:
         return text
-    quotes = '"' if language.lower() == "rust" else "\"'"  # a Rust `'` may be a lifetime
+    # a Rust `'` may be a lifetime, a Lisp's quotes a form
+    quotes = '"' if language.lower() == "rust" or language.lower() in _LISPS else "\"'"
     lead = prefix.rsplit("\n", 1)[-1]
     if any(_count_quote(lead, q) % 2 for q in quotes):
         return text
@@ -488,7 +494,11 @@ def drop_unclosed_string(text: str, suffix: str, prefix: str = "", language: str
                 covered[i] = True
     escaped = False
     for i, c in enumerate(text):
-        if c in quotes and not covered[i] and not escaped:
+        # a `'` right after a letter or digit is an apostrophe (`user's`, a docstring's prose), a prime
+        # (`foldl'`) or a digit separator (`1'000`), unless those letters are a string's prefix (`f'`)
+        near = (lead + text[:i])[-3:]
+        glued = c == "'" and _WORD_CHAR.match(near[-1:]) is not None and not _STRING_PREFIX.search(near)
+        if c in quotes and not covered[i] and not escaped and not glued:
             cut = _STRING_PREFIX.sub("", text[:i]).rstrip()  # `f"`, `rb'`: the prefix goes with its quote
             return cut[:-1].rstrip() if cut.endswith(",") and rest.lstrip()[:1] in CLOSERS else cut
         escaped = c == "\\" and not escaped
@@ -509,7 +519,7 @@ def drop_repeated_line(text: str, prefix: str) -> str:
     above = prefix.rsplit("\n", 2)[-2] if prefix.count("\n") and not cursor_line.strip() else None
     for i, line in enumerate(lines):
         whole = cursor_line + line if i == 0 else line
-        prev = above if i == 0 else lines[i - 1]
+        prev = above if i == 0 else cursor_line + lines[0] if i == 1 else lines[i - 1]
         if (prev is not None and whole.rstrip() == prev.rstrip() and len(whole.strip()) >= MIN_REPEATED_LINE
                 and _WORD_CHAR.search(whole) and not closes_block(whole)):
             return "\n".join(lines[:i])
