@@ -105,10 +105,11 @@ class Store:
         self.persistent = True
         self._lock = threading.Lock()
         self._settings = (embedder_name, dim, content)
-        # the files whose rows this store read at the start or wrote since: rows another process wrote
-        # meanwhile (a second server on the same workspace) are not in this index's memory, so
-        # file_states() leaves them out and a build indexes them here too
-        self._known: set[str] = set()
+        # the state of each file as this store read it at the start or wrote it since (what the index holds
+        # in memory): rows another process wrote, changed or deleted meanwhile (a second server on the same
+        # workspace) do not decide what this index's build reads again
+        self._known: dict[str, FileState] = {}
+        self._last_chunk_id = 0  # the highest chunk id read or written: an empty database in memory goes on above it
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             try:
@@ -146,6 +147,7 @@ class Store:
             self._open(*self._settings)
         elif not copied:  # nothing to go on from: empty tables, and every file counts as not indexed here
             memory.executescript("CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);" + _SCHEMA)
+            memory.execute("INSERT INTO sqlite_sequence(name, seq) VALUES('chunks', ?)", (self._last_chunk_id,))
             self._known.clear()
 
     def reset(self, exc: BaseException) -> None:
@@ -191,7 +193,8 @@ class Store:
             self.reset(exc)
             return {}, [], []
         with self._lock:
-            self._known = set(states)
+            self._known = dict(states)
+            self._last_chunk_id = max((s.chunk.id for s in loaded[1]), default=0)
         return loaded
 
     def _drop_tables(self) -> None:
@@ -221,9 +224,10 @@ class Store:
     def file_states(self, known_only: bool = True) -> dict[str, FileState]:
         """The stored files' states; ``known_only``: only those this store read or wrote (above)."""
         with self._lock:
+            if known_only:  # what this index holds, whatever another process wrote to the file since
+                return dict(self._known)
             rows = self._db.execute("SELECT path, mtime, size, digest FROM files").fetchall()
-            known = self._known
-            return {p: FileState(m, s, d) for p, m, s, d in rows if not known_only or p in known}
+        return {p: FileState(m, s, d) for p, m, s, d in rows}
 
     def iter_chunks(self) -> Iterator[StoredChunk]:
         with self._lock:
@@ -259,8 +263,10 @@ class Store:
 
         all_ids = self._transaction(write)
         with self._lock:
-            self._known.difference_update(removals)
-            self._known.update(rec.path for rec in records)
+            for path in removals:
+                self._known.pop(path, None)
+            for rec in records:
+                self._known[rec.path] = FileState(rec.mtime, rec.size, rec.digest)
         return all_ids
 
     def _transaction(self, work) -> Any:
@@ -317,6 +323,7 @@ class Store:
                 (rec.path, chunk.start_line, chunk.end_line, chunk.kind, chunk.name),
             )
             cid = int(cur.lastrowid)
+            self._last_chunk_id = max(self._last_chunk_id, cid)
             cur.execute("INSERT INTO chunk_text VALUES(?,?,?,?)", (cid, chunk.header, chunk.text, tokens))
             if rec.vectors is not None:
                 vec = np.ascontiguousarray(rec.vectors[i], dtype=np.float32)
@@ -351,6 +358,9 @@ class Store:
 
     def set_file_state(self, path: str, mtime: float, size: int) -> None:
         self._transaction(lambda cur: cur.execute("UPDATE files SET mtime=?, size=? WHERE path=?", (mtime, size, path)))
+        with self._lock:
+            if (known := self._known.get(path)) is not None:
+                self._known[path] = FileState(mtime, size, known.digest)
 
     def put_vectors(self, chunk_ids: list[int], vectors: np.ndarray) -> None:
         rows = [(cid, np.ascontiguousarray(v, dtype=np.float32).tobytes()) for cid, v in zip(chunk_ids, vectors)]
