@@ -12,9 +12,21 @@ from tests.unit.lsp.test_digest import MAIN, SHAPES, UTIL  # noqa: F401 (the sam
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
-    """One cache root for the module: the dense embedder is distilled into it once (~50 s on 2 cores),
-    not once per test; each test's index is keyed by its own workspace path."""
+    """One cache root for the module's indexes; each test's index is keyed by its own workspace path."""
     return tmp_path_factory.mktemp("cache")
+
+
+def _isolate(monkeypatch, cache):
+    """The indexes in ``cache``; the dense embedder from the user's model cache, where the indexer tests
+    distil it once (a cache of the module's own distilled it again: ~20 s of every run)."""
+    from indexer.config import IndexConfig
+
+    models = IndexConfig().resolved_model_cache_dir()  # read before DRAFTLINE_CACHE_DIR moves the default
+    monkeypatch.setenv("DRAFTLINE_CACHE_DIR", str(cache))
+    config_home = cache / "config"
+    (config_home / "draftline").mkdir(parents=True, exist_ok=True)
+    (config_home / "draftline" / "config.toml").write_text(f"[index.options]\nmodel_cache_dir = {str(models)!r}\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config_home))
 
 
 def workspace(root):
@@ -36,7 +48,7 @@ def test_first_use_skips_imports_strings_and_comments():
 
 
 def test_tasks_and_report_through_the_product_path(tmp_path, monkeypatch, cache):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _isolate(monkeypatch, cache)
     root = workspace(tmp_path / "ws")
     args = argparse.Namespace(workspace=root, tasks=10, seed=0, arms="none,retrieval,digest", no_model=False,
                               target="tiny", json=True)
@@ -80,7 +92,7 @@ def test_a_task_is_the_first_use_after_the_names_own_import_and_each_name_counts
 
 
 def test_a_norepo_arm_runs_the_same_arm_without_the_repository_name(tmp_path, monkeypatch, cache):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _isolate(monkeypatch, cache)
     root = workspace(tmp_path / "ws")
     args = argparse.Namespace(workspace=root, tasks=10, seed=0, arms="none,none-norepo", no_model=False,
                               target="tiny", json=True, loss=True)
@@ -96,7 +108,7 @@ def test_a_norepo_arm_runs_the_same_arm_without_the_repository_name(tmp_path, mo
 def test_new_lines_replays_consecutive_lines_with_kept_and_fresh_snippets(tmp_path, monkeypatch, cache):
     from lsp_server.bench.context import _new_lines
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _isolate(monkeypatch, cache)
     root = workspace(tmp_path / "ws")
     body = "".join(f"def f{i}(x):\n    return area_of(Shape('s{i}', x), {i}.0)\n\n" for i in range(20))
     (root / "long.py").write_text("from geo.shapes import Shape, area_of\n\n" + body)
@@ -113,7 +125,7 @@ def test_a_bestfirst_arm_shows_the_same_snippets_in_the_other_order(tmp_path, mo
     from lsp_server.bench.context import _arm
 
     assert _arm("digest") == ("digest", True, True) and _arm("digest-norepo-bestfirst") == ("digest", False, False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _isolate(monkeypatch, cache)
     root = workspace(tmp_path / "ws")
     args = argparse.Namespace(workspace=root, tasks=10, seed=0, arms="digest,digest-bestfirst", no_model=True,
                               target="tiny", json=True)
@@ -125,7 +137,7 @@ def test_a_bestfirst_arm_shows_the_same_snippets_in_the_other_order(tmp_path, mo
 def test_from_line_start_chooses_the_snippets_at_the_lines_start_and_answers_lists_each_task(tmp_path, monkeypatch, cache):
     from lsp_server.context import ContextFinder
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    _isolate(monkeypatch, cache)
     root = workspace(tmp_path / "ws")
     chosen_at: list[str] = []
     choose = ContextFinder._choose
