@@ -129,15 +129,16 @@ async def test_a_file_opened_by_the_other_name_of_a_symlinked_root(client: Langu
                                                                     tmp_path: Path, root_by: str):
     """The workspace folder by one name, the file opened by the other (a client whose root is its
     getcwd(), resolved, opening ``~/link/main.py``; or the reverse): the model is shown ``main.py``, not
-    the absolute path; the file's own stale disk copy is not retrieved; and its unsaved text is what the
-    index serves to other files."""
+    the absolute path, with the root's repository header; the file's own stale disk copy is not
+    retrieved; its unsaved text is what the index serves to other files, also after a change on disk
+    reported under the root's name."""
     root, other = await symlinked(client, backend, tmp_path, root_by)
     uri = (other / "main.py").as_uri()
     open_doc(client, TYPED, uri=uri)
     await wait_for(client, lambda s: s["index"]["pending"] == 0)
     prompt = await complete(client, backend, uri, TYPED)
     assert headers(prompt)[-1] == "main.py", headers(prompt)  # not /tmp/.../link/main.py
-    assert str(tmp_path) not in prompt
+    assert str(tmp_path) not in prompt and "<|repo_name|>" in prompt  # the root's repository holds it
     assert "disk_only_marker" not in prompt  # the file's own (stale) disk version is no snippet
     assert (await status(client))["index"]["files"] == 2  # one file, not a second key for it
 
@@ -152,43 +153,23 @@ async def test_a_file_opened_by_the_other_name_of_a_symlinked_root(client: Langu
     prompt = await complete(client, backend, use_uri, use)
     assert "def freshly_typed_only_in_buffer" in prompt.split("<|fim_prefix|>")[0], headers(prompt)
 
-
-@BOTH_WAYS
-async def test_the_repository_header_names_a_symlinked_root(client: LanguageClient, backend: SSEServer,
-                                                            tmp_path: Path, root_by: str):
-    _, other = await symlinked(client, backend, tmp_path, root_by)
-    uri = (other / "main.py").as_uri()
-    open_doc(client, TYPED, uri=uri)
-    prompt = await complete(client, backend, uri, TYPED)
-    assert "<|repo_name|>" in prompt
-
-
-@BOTH_WAYS
-async def test_a_save_elsewhere_keeps_the_buffer_open_by_the_other_name(client: LanguageClient, backend: SSEServer,
-                                                                        tmp_path: Path, root_by: str):
-    """The buffer is unsaved; the file changes on disk (another tool) and the server's own watcher
-    reports it under the root's name: the index keeps serving the buffer, not the disk."""
-    root, other = await symlinked(client, backend, tmp_path, root_by)
-    uri = (other / "helpers.py").as_uri()
-    buffer = HELPERS.replace("compute_checksum", "buffer_checksum")
-    open_doc(client, buffer, uri=uri)
+    # a save elsewhere: helpers.py unsaved by the other name, changed on disk (another tool) and reported
+    # under the root's name: the index keeps serving the buffer, not the disk
+    helpers_uri = (other / "helpers.py").as_uri()
+    open_doc(client, HELPERS.replace("compute_checksum", "buffer_checksum"), uri=helpers_uri)
     await wait_for(client, lambda s: s["index"]["pending"] == 0)
     (root / "helpers.py").write_text(HELPERS.replace("compute_checksum", "disk_checksum"))
-    # the watcher's event, then the same change as a client reports it: both leave the buffer in place
     event = t.FileEvent(uri=(root / "helpers.py").as_uri(), type=t.FileChangeType.Changed)
     client.workspace_did_change_watched_files(t.DidChangeWatchedFilesParams(changes=[event]))
     await wait_for(client, lambda s: s["index"]["pending"] == 0)
-    use = "value = buffer_checksum"
-    use_uri = (root / "main.py").as_uri()
-    open_doc(client, use, uri=use_uri)
-    prompt = await complete(client, backend, use_uri, use)
+    typed = "value = buffer_checksum"
+    typed_uri = (root / "other.py").as_uri()
+    open_doc(client, typed, uri=typed_uri)
+    prompt = await complete(client, backend, typed_uri, typed)
     assert "def buffer_checksum" in prompt and "disk_checksum" not in prompt, headers(prompt)
 
 
-
-
-@pytest.mark.parametrize("root_by", ["link",
-                                     "real"])
+@BOTH_WAYS
 async def test_the_watcher_follows_a_symlinked_root(client: LanguageClient, backend: SSEServer, tmp_path: Path,
                                                     root_by: str):
     """No client file events: a file made on disk (by either name) reaches the index under the root's name."""
