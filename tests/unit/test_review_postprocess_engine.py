@@ -13,15 +13,8 @@ from __future__ import annotations
 import pytest
 
 from engine.stops import _StopRules
-from lsp_server.postprocess import choose_mode, postprocess
-
-CURSOR = "█"
-
-
-def shown(document: str, raw: str, language: str) -> str:
-    before, after = document.split(CURSOR)
-    mode = choose_mode(before, after, "auto", language)
-    return postprocess(raw, before, after, mode, 12 if mode == "multi-line" else 1, language, sees_line_rest=False)
+from lsp_server.postprocess import postprocess
+from tests.unit.lsp.test_postprocess_real import shown  # the document with █ at the cursor, as the editor path shapes it
 
 
 @pytest.mark.parametrize(
