@@ -102,6 +102,9 @@ def detect_template(tokenizer: Any, hint: str = "") -> FimTemplate:
     return PLAIN
 
 
+END_OF_TURN = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|end|>", "<|endoftext|>")
+
+
 def _has_tokens(template: FimTemplate, vocab: Any) -> bool:
     """Does the vocabulary hold every special token the template writes?"""
     named = (template.prefix, template.suffix, template.middle, template.repo_name, template.file_sep)
@@ -227,7 +230,9 @@ class PromptBuilder:
 
     def stop_ids(self) -> frozenset[int]:
         vocab = self.tokenizer.get_vocab()
-        ids = {vocab[s] for s in self.template.stop if s in vocab}
+        # the template's, and the end-of-turn tokens chat-tuned families end an answer with (a model's
+        # own EOS may be another token: Gemma's <end_of_turn> ran on as text under the plain template)
+        ids = {vocab[s] for s in (*self.template.stop, *END_OF_TURN) if s in vocab}
         if self.tokenizer.eos_token_id is not None:
             ids.add(int(self.tokenizer.eos_token_id))
         return frozenset(ids)

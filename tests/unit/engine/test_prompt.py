@@ -261,3 +261,14 @@ def test_a_long_rest_of_file_is_cut_before_it_is_tokenized():
     req = CompletionRequest(prefix="x = (", suffix=")\n" + "y = 1\n" * 50_000, path="a.py")
     PromptBuilder(SMOLLM, Counting(False), PromptBudget(total=400)).build(req)
     assert max(seen) <= 400 * 0.15 * 8
+
+
+def test_chat_families_end_of_turn_tokens_stop_an_answer_under_any_template():
+    """Gemma's EOS is <eos>, yet an answer ends with <end_of_turn>: under the plain template it ran on."""
+    from types import SimpleNamespace
+
+    vocab = {"<eos>": 1, "<end_of_turn>": 106, "x": 5}
+    tok = SimpleNamespace(get_vocab=lambda: vocab, eos_token_id=1)
+    builder = PromptBuilder.__new__(PromptBuilder)
+    builder.tokenizer, builder.template = tok, PLAIN
+    assert builder.stop_ids() == {1, 106}
