@@ -535,7 +535,9 @@ def run_bench_lsp(args: argparse.Namespace) -> int:
             run = asyncio.run(run_bench(workspace, tasks, args.keys_per_s, bench_settings(args, remote), args.pause_s,
                                         log=log, revisit=args.revisit))
         except RuntimeError as exc:  # the server's engine did not load (a model path that does not exist, ...)
-            print(f"bench lsp: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}", file=sys.stderr)
+            from engine.bench import first_line
+
+            print(f"bench lsp: {first_line(exc)}", file=sys.stderr)
             return 2
         reports[name] = summarize(run, args.keys_per_s)
     report = reports.get("", reports)

@@ -7,7 +7,6 @@ alone differ)."""
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.util
 import json
 import random
@@ -75,14 +74,6 @@ def _content_end(line: str, opener: int, cut: str) -> int | None:
     return None
 
 
-def _parses(source: str) -> bool:
-    try:
-        ast.parse(source)
-    except (SyntaxError, ValueError):
-        return False
-    return True
-
-
 def _load(path: Path):
     spec = importlib.util.spec_from_file_location("draftline_bench_postprocess_against", path)
     module = importlib.util.module_from_spec(spec)
@@ -92,6 +83,8 @@ def _load(path: Path):
 
 
 def run_bench_postprocess(args: argparse.Namespace) -> int:
+    from engine.bench import first_line
+    from engine.bench.model import _parses
     from engine.bundled import resolve
     from engine.engine import load_engine
     from engine.training.corpus import held_out_files
@@ -110,7 +103,7 @@ def run_bench_postprocess(args: argparse.Namespace) -> int:
         target, draft, options = resolve(args.target or "")
         engine = load_engine(target, draft, **options)
     except (OSError, ValueError) as exc:
-        print(f"bench postprocess: cannot load the model: {exc}", file=sys.stderr)
+        print(f"bench postprocess: cannot load the model: {first_line(exc)}", file=sys.stderr)
         return 2
     sees_rest = getattr(getattr(engine, "template", None), "order", "none") != "none"
     tasks = make_tasks(held_out_files(), args.tasks, args.seed, args.cut)
