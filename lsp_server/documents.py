@@ -313,15 +313,6 @@ def relative_path(uri: str, roots: Sequence[Path]) -> str:
 def display_path(fs: str, roots: Sequence[Path]) -> str:
     """A file path relative to the innermost workspace root containing it (by name, else with symlinks
     resolved: see in_roots), else as given."""
-    path = Path(fs)
-    for root in sorted(roots, key=lambda r: len(str(r)), reverse=True):
-        try:
-            rel = path.relative_to(root)
-        except ValueError:
-            continue
-        if ".." not in rel.parts:
-            return rel.as_posix()
-        break  # "root/../elsewhere": not inside it
     inside = in_roots(fs, roots)
     if inside is not None:
         for root in sorted((os.path.abspath(r) for r in roots), key=len, reverse=True):
@@ -329,7 +320,7 @@ def display_path(fs: str, roots: Sequence[Path]) -> str:
                 return Path(inside).relative_to(root).as_posix()
             except ValueError:
                 continue
-    return path.as_posix()
+    return Path(fs).as_posix()
 
 
 def prefix_window(before: str, budget: int, quantum: int) -> str:
